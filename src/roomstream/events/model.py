@@ -1,0 +1,104 @@
+"""The in-memory form of a room event (a federation PDU)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from roomstream.events.room_versions import RoomVersion
+
+StateKey = tuple[str, str]
+"""A piece of room state is identified by (event type, state key)."""
+
+
+class Event:
+    """A PDU: the exact bytes it was received or created as, its parsed fields, its ID.
+
+    Invariants: ``raw`` is never re-serialised (signatures stay valid, storage is
+    lossless); ``data`` is ``raw`` parsed; ``event_id`` was computed from the reference
+    hash by whoever built the event (tests may pass readable IDs for pure logic).
+    """
+
+    __slots__ = ("data", "event_id", "raw", "room_version")
+
+    def __init__(
+        self, data: dict[str, Any], room_version: RoomVersion, event_id: str, raw: bytes = b""
+    ) -> None:
+        self.data = data
+        self.room_version = room_version
+        self.event_id = event_id
+        self.raw = raw
+
+    def __repr__(self) -> str:
+        return f"<Event {self.event_id} {self.type} {self.state_key!r} by {self.sender}>"
+
+    @property
+    def room_id(self) -> str:
+        room_id = self.data.get("room_id")
+        if isinstance(room_id, str):
+            return room_id
+        if self.room_version.room_id_from_create_event and self.type == "m.room.create":
+            return "!" + self.event_id[1:]
+        raise ValueError(f"event {self.event_id} has no room_id")
+
+    @property
+    def type(self) -> str:
+        return str(self.data["type"])
+
+    @property
+    def state_key(self) -> str | None:
+        key = self.data.get("state_key")
+        return key if isinstance(key, str) else None
+
+    def is_state(self) -> bool:
+        return isinstance(self.data.get("state_key"), str)
+
+    @property
+    def state_tuple(self) -> StateKey:
+        key = self.data.get("state_key")
+        if not isinstance(key, str):
+            raise ValueError(f"event {self.event_id} is not a state event")
+        return (self.type, key)
+
+    @property
+    def sender(self) -> str:
+        return str(self.data["sender"])
+
+    @property
+    def content(self) -> Mapping[str, Any]:
+        content = self.data.get("content")
+        return content if isinstance(content, dict) else {}
+
+    @property
+    def membership(self) -> str | None:
+        if self.type != "m.room.member":
+            return None
+        membership = self.content.get("membership")
+        return membership if isinstance(membership, str) else None
+
+    @property
+    def prev_event_ids(self) -> list[str]:
+        return list(self.data.get("prev_events", ()))
+
+    @property
+    def auth_event_ids(self) -> list[str]:
+        return list(self.data.get("auth_events", ()))
+
+    @property
+    def depth(self) -> int:
+        return int(self.data.get("depth", 0))
+
+    @property
+    def origin_server_ts(self) -> int:
+        return int(self.data.get("origin_server_ts", 0))
+
+    @property
+    def redacts(self) -> str | None:
+        """The event a redaction redacts: in ``content`` from v11, top-level before."""
+        if self.type != "m.room.redaction":
+            return None
+        if self.room_version.updated_redaction_rules:
+            redacts = self.content.get("redacts")
+        else:
+            redacts = self.data.get("redacts")
+        return redacts if isinstance(redacts, str) else None

@@ -1,0 +1,181 @@
+"""The async database interface every other package uses."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from roomstream.storage.engines import Cursor, DatabaseConfig, Engine, EngineName, create_engine
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: How many times an interaction is retried after a serialization failure or deadlock.
+MAX_RETRIES = 8
+
+
+class Transaction:
+    """One database transaction, handed to an interaction function on a worker thread.
+
+    Invariant: every statement of one interaction runs in one transaction on one connection;
+    ``after_commit`` callbacks run (on the event loop) only if that transaction committed,
+    ``after_rollback`` callbacks only if it did not.
+    """
+
+    __slots__ = ("_after_commit", "_after_rollback", "_cur", "_engine", "database")
+
+    def __init__(self, database: Database, engine: Engine, cursor: Cursor) -> None:
+        self.database = database
+        self._engine = engine
+        self._cur = cursor
+        self._after_commit: list[Callable[[], object]] = []
+        self._after_rollback: list[Callable[[], object]] = []
+
+    @property
+    def engine_name(self) -> EngineName:
+        return self._engine.name
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._cur.execute(self._engine.translate(sql), params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        rows = list(rows)
+        if rows:
+            self._cur.executemany(self._engine.translate(sql), rows)
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Execute and return every row."""
+        self.execute(sql, params)
+        return self._cur.fetchall()
+
+    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Execute and return the first row, or None."""
+        self.execute(sql, params)
+        return self._cur.fetchone()
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+    def nextval_many(self, sequence: str, count: int) -> list[int]:
+        """Draw ``count`` increasing values from a sequence.
+
+        Values from a committed draw are never handed out again. (A draw inside a
+        transaction that fails may be reused on SQLite, where the sequence is a table.)
+        """
+        return self._engine.nextval_many(self._cur, sequence, count)
+
+    def sequence_value(self, sequence: str) -> int:
+        return self._engine.sequence_value(self._cur, sequence)
+
+    def create_sequence(self, sequence: str) -> None:
+        self._engine.create_sequence(self._cur, sequence)
+
+    def advance_sequence_to(self, sequence: str, value: int) -> None:
+        self._engine.advance_sequence_to(self._cur, sequence, value)
+
+    def after_commit(self, callback: Callable[[], object]) -> None:
+        self._after_commit.append(callback)
+
+    def after_rollback(self, callback: Callable[[], object]) -> None:
+        self._after_rollback.append(callback)
+
+
+class Database:
+    """A pool of worker threads running interactions against one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._executor = ThreadPoolExecutor(
+            max_workers=engine.concurrency, thread_name_prefix=f"db-{engine.name}"
+        )
+
+    @property
+    def engine_name(self) -> EngineName:
+        return self.engine.name
+
+    def _run_sync(
+        self, func: Callable[Concatenate[Transaction, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> tuple[R, list[Callable[[], object]]]:
+        engine = self.engine
+        for attempt in range(MAX_RETRIES + 1):
+            conn = engine.acquire()
+            txn: Transaction | None = None
+            try:
+                engine.begin(conn)
+                txn = Transaction(self, engine, engine.cursor(conn))
+                result = func(txn, *args, **kwargs)
+                engine.commit(conn)
+                return result, txn._after_commit
+            except BaseException as exc:
+                try:
+                    engine.rollback(conn)
+                except Exception:  # the original error matters more
+                    logger.exception("rollback failed")
+                if txn is not None:
+                    for callback in txn._after_rollback:
+                        callback()
+                if attempt < MAX_RETRIES and engine.is_retryable(exc):
+                    # Jittered backoff so that two retrying transactions stop colliding.
+                    time.sleep(random.uniform(0, 0.002 * (2**attempt)))
+                    continue
+                raise
+            finally:
+                engine.release(conn)
+        raise AssertionError("unreachable")
+
+    async def run_interaction(
+        self,
+        func: Callable[Concatenate[Transaction, P], R],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
+        """Run ``func(txn, *args, **kwargs)`` in one transaction on a worker thread.
+
+        Committed when it returns; rolled back (leaving nothing behind) when it raises;
+        retried from scratch on a serialization failure or deadlock.
+        """
+        loop = asyncio.get_running_loop()
+        result, callbacks = await loop.run_in_executor(
+            self._executor, lambda: self._run_sync(func, *args, **kwargs)
+        )
+        for callback in callbacks:
+            callback()
+        return result
+
+    def run_interaction_blocking(
+        self, func: Callable[Concatenate[Transaction, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """The same as :meth:`run_interaction`, for code outside an event loop (CLI, Spark)."""
+        result, callbacks = self._executor.submit(
+            lambda: self._run_sync(func, *args, **kwargs)
+        ).result()
+        for callback in callbacks:
+            callback()
+        return result
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.close_blocking)
+
+    def close_blocking(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.engine.close()
+
+
+def connect(config: DatabaseConfig) -> Database:
+    """Open a database (without preparing its schema; see :func:`prepare_database`)."""
+    return Database(create_engine(config))

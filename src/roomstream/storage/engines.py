@@ -1,0 +1,262 @@
+"""Engine specifics: how to connect, SQL dialect differences, sequences and retryable errors.
+
+Only this module (and the migrations) knows which engine is in use; everything else speaks
+the dialect-neutral subset: ``?`` placeholders, ``INSERT ... ON CONFLICT``, ``RETURNING``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import psycopg
+import psycopg.errors
+from psycopg_pool import ConnectionPool
+
+EngineName = Literal["sqlite", "postgres"]
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    """Where the data lives: ``path`` for SQLite, ``dsn`` for PostgreSQL."""
+
+    engine: EngineName = "sqlite"
+    path: str = "data/roomstream.db"
+    dsn: str = "postgresql://postgres@127.0.0.1:5432/roomstream"
+    pool_min: int = 2
+    pool_max: int = 8
+    # PostgreSQL only: schema to put everything in (tests give each test its own).
+    schema: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
+    def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Engine(Protocol):
+    """What differs between SQLite and PostgreSQL. Methods taking ``conn`` run on worker threads."""
+
+    name: EngineName
+    #: How many interactions may run at once (worker threads).
+    concurrency: int
+
+    def acquire(self) -> Any: ...
+    def release(self, conn: Any) -> None: ...
+    def begin(self, conn: Any) -> None: ...
+    def commit(self, conn: Any) -> None: ...
+    def rollback(self, conn: Any) -> None: ...
+    def cursor(self, conn: Any) -> Cursor: ...
+    def translate(self, sql: str) -> str: ...
+    def is_retryable(self, exc: BaseException) -> bool: ...
+    def nextval_many(self, cur: Cursor, sequence: str, count: int) -> list[int]: ...
+    def sequence_value(self, cur: Cursor, sequence: str) -> int: ...
+    def create_sequence(self, cur: Cursor, sequence: str) -> None: ...
+    def advance_sequence_to(self, cur: Cursor, sequence: str, value: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class SqliteEngine:
+    """The embedded default: one file in WAL mode, one connection on one worker thread.
+
+    SQLite allows one writer at a time anyway, so a single connection serialises writes
+    without lock contention or ``SQLITE_BUSY``; sequences live in a small table.
+    """
+
+    name: EngineName = "sqlite"
+    concurrency = 1
+
+    def __init__(self, config: DatabaseConfig) -> None:
+        self._path = config.path
+        if self._path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL is durable against application crashes in WAL mode; FULL adds an fsync
+        # per commit that only protects against power loss.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS roomstream_sequences"
+            " (name TEXT PRIMARY KEY, last_value INTEGER NOT NULL)"
+        )
+        return conn
+
+    def acquire(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    def release(self, conn: Any) -> None:
+        self._lock.release()
+
+    def begin(self, conn: Any) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+
+    def commit(self, conn: Any) -> None:
+        conn.execute("COMMIT")
+
+    def rollback(self, conn: Any) -> None:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+
+    def cursor(self, conn: Any) -> Cursor:
+        cur: Cursor = conn.cursor()
+        return cur
+
+    def translate(self, sql: str) -> str:
+        return sql
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+    def nextval_many(self, cur: Cursor, sequence: str, count: int) -> list[int]:
+        cur.execute(
+            "UPDATE roomstream_sequences SET last_value = last_value + ? WHERE name = ?"
+            " RETURNING last_value",
+            (count, sequence),
+        )
+        row = cur.fetchone()
+        if row is None:
+            raise LookupError(f"no sequence {sequence!r}")
+        last = int(row[0])
+        return list(range(last - count + 1, last + 1))
+
+    def sequence_value(self, cur: Cursor, sequence: str) -> int:
+        cur.execute("SELECT last_value FROM roomstream_sequences WHERE name = ?", (sequence,))
+        row = cur.fetchone()
+        if row is None:
+            raise LookupError(f"no sequence {sequence!r}")
+        return int(row[0])
+
+    def create_sequence(self, cur: Cursor, sequence: str) -> None:
+        cur.execute(
+            "INSERT INTO roomstream_sequences (name, last_value) VALUES (?, 0)"
+            " ON CONFLICT (name) DO NOTHING",
+            (sequence,),
+        )
+
+    def advance_sequence_to(self, cur: Cursor, sequence: str, value: int) -> None:
+        cur.execute(
+            "UPDATE roomstream_sequences SET last_value = MAX(last_value, ?) WHERE name = ?",
+            (value, sequence),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+_PLACEHOLDER = re.compile(r"\?")
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def _check_ident(name: str) -> str:
+    # Sequence and schema names are interpolated into SQL; only plain identifiers pass.
+    if not _IDENT.match(name):
+        raise ValueError(f"not a plain SQL identifier: {name!r}")
+    return name
+
+
+class PostgresEngine:
+    """The production engine: psycopg 3 with a connection pool, native sequences."""
+
+    name: EngineName = "postgres"
+
+    def __init__(self, config: DatabaseConfig) -> None:
+        kwargs: dict[str, Any] = {"autocommit": False}
+        if config.schema:
+            kwargs["options"] = f"-c search_path={_check_ident(config.schema)}"
+        self.concurrency = config.pool_max
+        self._pool = ConnectionPool(
+            config.dsn,
+            min_size=config.pool_min,
+            max_size=config.pool_max,
+            kwargs=kwargs,
+            open=True,
+            name="roomstream",
+        )
+        self._translated: dict[str, str] = {}
+
+    def acquire(self) -> psycopg.Connection[Any]:
+        return self._pool.getconn()
+
+    def release(self, conn: Any) -> None:
+        self._pool.putconn(conn)
+
+    def begin(self, conn: Any) -> None:
+        # psycopg opens a transaction implicitly on the first statement.
+        pass
+
+    def commit(self, conn: Any) -> None:
+        conn.commit()
+
+    def rollback(self, conn: Any) -> None:
+        conn.rollback()
+
+    def cursor(self, conn: Any) -> Cursor:
+        cur: Cursor = conn.cursor()
+        return cur
+
+    def translate(self, sql: str) -> str:
+        cached = self._translated.get(sql)
+        if cached is None:
+            cached = _PLACEHOLDER.sub("%s", sql.replace("%", "%%"))
+            self._translated[sql] = cached
+        return cached
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(
+            exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected
+        )
+
+    def nextval_many(self, cur: Cursor, sequence: str, count: int) -> list[int]:
+        seq = _check_ident(sequence)
+        if count == 1:
+            cur.execute(f"SELECT nextval('{seq}')")
+            return [int(cur.fetchone()[0])]
+        cur.execute(f"SELECT nextval('{seq}') FROM generate_series(1, %s)", (count,))
+        return sorted(int(r[0]) for r in cur.fetchall())
+
+    def sequence_value(self, cur: Cursor, sequence: str) -> int:
+        seq = _check_ident(sequence)
+        cur.execute(f"SELECT last_value, is_called FROM {seq}")
+        last_value, is_called = cur.fetchone()
+        return int(last_value) if is_called else int(last_value) - 1
+
+    def create_sequence(self, cur: Cursor, sequence: str) -> None:
+        cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {_check_ident(sequence)} MINVALUE 0 START 1")
+
+    def advance_sequence_to(self, cur: Cursor, sequence: str, value: int) -> None:
+        seq = _check_ident(sequence)
+        if self.sequence_value(cur, seq) < value:
+            cur.execute("SELECT setval(%s, %s)", (seq, value))
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def create_engine(config: DatabaseConfig) -> Engine:
+    if config.engine == "sqlite":
+        return SqliteEngine(config)
+    if config.engine == "postgres":
+        return PostgresEngine(config)
+    raise ValueError(f"unknown database engine {config.engine!r} (expected sqlite or postgres)")

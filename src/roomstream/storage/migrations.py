@@ -1,0 +1,94 @@
+"""Versioned schema migrations, applied in order when a database is opened.
+
+A migration is ``schema/NNNN_name.sql`` (both engines), optionally with engine-specific
+companions ``NNNN_name.sqlite.sql`` / ``NNNN_name.postgres.sql`` applied right after it.
+Each version is applied in one transaction together with its bookkeeping row, so a failed
+migration leaves the database at the previous version.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from roomstream.storage.database import Database, Transaction
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+?)(?:\.(sqlite|postgres))?\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    #: engine name (or "" for both) → SQL text
+    scripts: dict[str, str]
+
+
+def load_migrations() -> list[Migration]:
+    found: dict[int, tuple[str, dict[str, str]]] = {}
+    for entry in resources.files("roomstream.storage.schema").iterdir():
+        match = _FILE.match(entry.name)
+        if not match:
+            continue
+        version, name, engine = int(match[1]), match[2], match[3] or ""
+        known = found.setdefault(version, (name, {}))
+        if known[0] != name:
+            raise RuntimeError(f"two migrations share version {version}: {known[0]}, {name}")
+        known[1][engine] = entry.read_text(encoding="utf-8")
+    versions = sorted(found)
+    if versions != list(range(1, len(versions) + 1)):
+        raise RuntimeError(f"migration versions must be 1..n without gaps, got {versions}")
+    return [Migration(v, found[v][0], found[v][1]) for v in versions]
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a script on semicolons that end a line; comments (``--``) are dropped."""
+    statements, current = [], []
+    for line in script.splitlines():
+        stripped = line.split("--", 1)[0].rstrip()
+        if not stripped:
+            continue
+        current.append(stripped)
+        if stripped.endswith(";"):
+            statements.append("\n".join(current)[:-1])
+            current = []
+    if current:
+        statements.append("\n".join(current))
+    return statements
+
+
+def _current_version(txn: Transaction) -> int:
+    txn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version"
+        " (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL)"
+    )
+    row = txn.query_one("SELECT MAX(version) FROM schema_version")
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _apply(txn: Transaction, migration: Migration) -> None:
+    # Re-check inside the transaction: another process may have applied it meanwhile.
+    if _current_version(txn) >= migration.version:
+        return
+    for engine in ("", txn.engine_name):
+        for statement in split_statements(migration.scripts.get(engine, "")):
+            txn.execute(statement)
+    txn.execute(
+        "INSERT INTO schema_version (version, name) VALUES (?, ?)",
+        (migration.version, migration.name),
+    )
+
+
+async def prepare_database(database: Database) -> int:
+    """Bring the schema up to date; returns the version now in force."""
+    migrations = load_migrations()
+    current = await database.run_interaction(_current_version)
+    newest = migrations[-1].version if migrations else 0
+    if current > newest:
+        raise RuntimeError(
+            f"database schema version {current} is newer than this roomstream ({newest})"
+        )
+    for migration in migrations[current:]:
+        await database.run_interaction(_apply, migration)
+    return max(current, newest)

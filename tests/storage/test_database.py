@@ -1,0 +1,166 @@
+"""The database layer behaves the same on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from roomstream.storage import Database, Transaction, connect, prepare_database
+from roomstream.storage.engines import DatabaseConfig
+from roomstream.storage.migrations import load_migrations, split_statements
+
+
+def _create_kv(txn: Transaction) -> None:
+    txn.execute("CREATE TABLE kv (k TEXT PRIMARY KEY, v BIGINT NOT NULL)")
+
+
+async def test_commit_and_read_back(database: Database) -> None:
+    await database.run_interaction(_create_kv)
+
+    def write(txn: Transaction) -> None:
+        txn.executemany("INSERT INTO kv (k, v) VALUES (?, ?)", [("a", 1), ("b", 2)])
+
+    await database.run_interaction(write)
+    rows = await database.run_interaction(lambda t: t.query("SELECT k, v FROM kv ORDER BY k"))
+    assert [tuple(r) for r in rows] == [("a", 1), ("b", 2)]
+
+
+async def test_failed_transaction_leaves_nothing(database: Database) -> None:
+    await database.run_interaction(_create_kv)
+
+    def half_then_fail(txn: Transaction) -> None:
+        txn.execute("INSERT INTO kv (k, v) VALUES ('x', 1)")
+        raise RuntimeError("boom")
+
+    committed: list[str] = []
+
+    def with_callbacks(txn: Transaction) -> None:
+        txn.after_commit(lambda: committed.append("commit"))
+        half_then_fail(txn)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        await database.run_interaction(with_callbacks)
+    assert committed == []
+    assert await database.run_interaction(lambda t: t.query("SELECT * FROM kv")) == []
+
+
+async def test_constraint_violation_rolls_back_whole_transaction(database: Database) -> None:
+    await database.run_interaction(_create_kv)
+
+    def dup(txn: Transaction) -> None:
+        txn.execute("INSERT INTO kv (k, v) VALUES ('a', 1)")
+        txn.execute("INSERT INTO kv (k, v) VALUES ('a', 2)")
+
+    with pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+        await database.run_interaction(dup)
+    assert await database.run_interaction(lambda t: t.query("SELECT * FROM kv")) == []
+
+
+async def test_after_commit_runs_on_the_loop_after_commit(database: Database) -> None:
+    await database.run_interaction(_create_kv)
+    seen: list[int] = []
+    loop_thread = threading.get_ident()
+
+    def write(txn: Transaction) -> None:
+        txn.execute("INSERT INTO kv (k, v) VALUES ('a', 1)")
+        txn.after_commit(lambda: seen.append(threading.get_ident()))
+
+    await database.run_interaction(write)
+    assert seen == [loop_thread]
+
+
+async def test_sequences_hand_out_each_value_once(database: Database) -> None:
+    await database.run_interaction(lambda t: t.create_sequence("test_seq"))
+
+    async def draw(n: int) -> list[int]:
+        return await database.run_interaction(lambda t: t.nextval_many("test_seq", n))
+
+    batches = await asyncio.gather(*(draw(n) for n in (1, 5, 3, 10, 1)))
+    values = [v for batch in batches for v in batch]
+    assert sorted(values) == list(range(1, 21))
+    for batch in batches:
+        assert batch == sorted(batch)
+    assert await database.run_interaction(lambda t: t.sequence_value("test_seq")) == 20
+
+
+async def test_sequence_draws_in_a_failed_transaction(database: Database) -> None:
+    """Values drawn in a transaction that fails were never seen by anyone else.
+
+    PostgreSQL sequences skip them (nextval is not transactional); SQLite's table-backed
+    sequence rolls back with the transaction. Either way no value is returned twice by
+    draws that succeeded, which is what ID generators rely on.
+    """
+    await database.run_interaction(lambda t: t.create_sequence("test_seq"))
+
+    def draw_and_fail(txn: Transaction) -> None:
+        txn.nextval_many("test_seq", 3)
+        raise RuntimeError("rollback")
+
+    with pytest.raises(RuntimeError):
+        await database.run_interaction(draw_and_fail)
+    after = await database.run_interaction(lambda t: t.nextval_many("test_seq", 2))
+    assert after == ([4, 5] if database.engine_name == "postgres" else [1, 2])
+
+
+async def test_advance_sequence_never_moves_back(database: Database) -> None:
+    await database.run_interaction(lambda t: t.create_sequence("test_seq"))
+    await database.run_interaction(lambda t: t.advance_sequence_to("test_seq", 50))
+    await database.run_interaction(lambda t: t.advance_sequence_to("test_seq", 10))
+    assert await database.run_interaction(lambda t: t.nextval_many("test_seq", 1)) == [51]
+
+
+async def test_migrations_are_idempotent_and_versioned(db_config: DatabaseConfig) -> None:
+    newest = len(load_migrations())
+    for _ in range(2):
+        db = connect(db_config)
+        try:
+            assert await prepare_database(db) == newest
+            rows = await db.run_interaction(
+                lambda t: t.query("SELECT version FROM schema_version ORDER BY version")
+            )
+            assert [r[0] for r in rows] == list(range(1, newest + 1))
+        finally:
+            await db.close()
+
+
+async def test_every_migration_applies_on_its_own(db_config: DatabaseConfig) -> None:
+    """Apply migrations one by one, checking each version is recorded in its transaction."""
+    from roomstream.storage.migrations import _apply, _current_version
+
+    db = connect(db_config)
+    try:
+        for migration in load_migrations():
+            await db.run_interaction(_apply, migration)
+            assert await db.run_interaction(_current_version) == migration.version
+    finally:
+        await db.close()
+
+
+def test_split_statements_handles_comments_and_multiline() -> None:
+    script = "-- header\nCREATE TABLE a (\n  x INT -- note\n);\n\nCREATE INDEX i ON a (x);\n"
+    assert split_statements(script) == ["CREATE TABLE a (\n  x INT\n)", "CREATE INDEX i ON a (x)"]
+
+
+async def test_sqlite_work_does_not_block_the_event_loop(tmp_path: object) -> None:
+    """While an interaction holds the database, the loop keeps running other tasks."""
+    db = connect(DatabaseConfig(engine="sqlite", path=f"{tmp_path}/x.db"))
+    release = threading.Event()
+    ticks = 0
+
+    def slow(txn: Transaction) -> None:
+        release.wait(10)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        for _ in range(5):
+            ticks += 1
+            await asyncio.sleep(0)
+        release.set()
+
+    try:
+        await asyncio.gather(db.run_interaction(slow), ticker())
+        assert ticks == 5
+    finally:
+        await db.close()
