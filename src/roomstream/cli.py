@@ -1,0 +1,95 @@
+"""The ``roomstream`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from roomstream.config import Config, ConfigError, load_config
+from roomstream.storage import connect, prepare_database
+from roomstream.streams import StreamSet
+
+console = Console()
+
+Command = Callable[[Config, argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+async def cmd_migrate(config: Config, args: argparse.Namespace) -> int:
+    db = connect(config.database)
+    try:
+        version = await prepare_database(db)
+    finally:
+        await db.close()
+    console.print(f"schema at version {version} ({config.database.engine})")
+    return 0
+
+
+async def cmd_streams(config: Config, args: argparse.Namespace) -> int:
+    """Show every stream's writers and positions, as this instance sees them."""
+    db = connect(config.database)
+    try:
+        await prepare_database(db)
+        streams = await StreamSet.open(db, config.instance_name, config.stream_writers)
+        table = Table("stream", "writer", "position", "linear position")
+        for name in streams.names:
+            generator = streams.generator(name)
+            for writer, position in generator.get_positions().items():
+                table.add_row(name, writer, str(position), str(generator.get_linear_position()))
+        console.print(table)
+    finally:
+        await db.close()
+    return 0
+
+
+async def cmd_run(config: Config, args: argparse.Namespace) -> int:
+    from roomstream.app import run_main_job
+
+    return await run_main_job(config, console, once=args.once)
+
+
+COMMANDS: dict[str, tuple[Command, str]] = {
+    "run": (cmd_run, "set up the database and run this instance's main job"),
+    "migrate": (cmd_migrate, "apply schema migrations and exit"),
+    "streams": (cmd_streams, "show stream writers and positions"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="roomstream", description=__doc__)
+    parser.add_argument("-c", "--config", help="YAML configuration file (default: none needed)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == "run":
+            p.add_argument("--once", action="store_true", help="run the demo job and exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        console.print(f"[red]configuration error:[/red] {exc}")
+        return 2
+    command, _ = COMMANDS[args.command]
+    try:
+        return asyncio.run(command(config, args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
