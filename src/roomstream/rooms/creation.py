@@ -1,0 +1,211 @@
+"""Creating events as local users: choose prev and auth events, sign, authorize, persist.
+
+Creation in a room holds the room's persistence lock from choosing the prev events until
+the event is stored, so concurrent senders in one room form a chain instead of forking
+the DAG. Different rooms are created and persisted in parallel.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from signedjson.types import SigningKey
+
+from roomstream.errors import AuthError, Codes, MatrixError
+from roomstream.events.auth import auth_types_for_event, check_auth_rules
+from roomstream.events.format import (
+    build_event_dict,
+    finalise_local_event,
+    room_id_for_create_event,
+)
+from roomstream.events.model import Event
+from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, RoomVersion, room_version
+from roomstream.rooms.persist import CREATE_KEY, EventPersister, PersistedEvent
+
+#: Spec limit on how many prev events an event may reference.
+MAX_PREV_EVENTS = 20
+#: Largest depth (canonical JSON integers stop at 2**53 - 1).
+MAX_DEPTH = 2**53 - 1
+
+
+class RoomPreset(Enum):
+    PRIVATE_CHAT = "private_chat"
+    PUBLIC_CHAT = "public_chat"
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedEvent:
+    event: Event
+    stream_ordering: int
+
+
+class LocalEventCreator:
+    """Builds, signs, authorizes and persists events sent by this server's users."""
+
+    def __init__(
+        self, persister: EventPersister, server_name: str, signing_key: SigningKey
+    ) -> None:
+        self.persister = persister
+        self.server_name = server_name
+        self.signing_key = signing_key
+
+    async def create_event(
+        self,
+        room_id: str,
+        sender: str,
+        event_type: str,
+        content: Mapping[str, Any],
+        *,
+        state_key: str | None = None,
+        redacts: str | None = None,
+        origin_server_ts: int | None = None,
+    ) -> CreatedEvent:
+        """Create and persist one event; ``AuthError`` (M_FORBIDDEN) if not allowed."""
+        if not sender.endswith(":" + self.server_name):
+            raise MatrixError(400, Codes.INVALID_PARAM, f"{sender} is not a local user")
+        persister = self.persister
+        async with persister.room_lock(room_id):
+            version, extremities, current = await persister.get_room_state(room_id)
+            prevs = sorted(extremities)[:MAX_PREV_EVENTS]
+            keys = auth_types_for_event(version, event_type, state_key, sender, content)
+            auth_ids = [current[k] for k in keys if k in current]
+            prev_events = await persister.store.get_events(prevs)
+            depth = min(max((e.depth for e in prev_events.values()), default=0) + 1, MAX_DEPTH)
+            event = finalise_local_event(
+                build_event_dict(
+                    version,
+                    event_type=event_type,
+                    sender=sender,
+                    content=content,
+                    prev_events=prevs,
+                    auth_events=auth_ids,
+                    depth=depth,
+                    room_id=room_id,
+                    state_key=state_key,
+                    redacts=redacts,
+                    origin_server_ts=origin_server_ts,
+                ),
+                version,
+                self.server_name,
+                self.signing_key,
+            )
+            auth_needed = {k: current[k] for k in [*keys, CREATE_KEY] if k in current}
+            auth_events = await persister.store.get_events(auth_needed.values())
+            check_auth_rules(event, {k: auth_events[v] for k, v in auth_needed.items()})
+            results = await persister.persist_room_locked(
+                room_id, [event], backfilled=False, local=True
+            )
+        return CreatedEvent(event, _only(results, event).stream_ordering)
+
+    async def create_room(
+        self,
+        creator: str,
+        *,
+        version: RoomVersion | str = DEFAULT_ROOM_VERSION,
+        preset: RoomPreset = RoomPreset.PRIVATE_CHAT,
+        name: str | None = None,
+        topic: str | None = None,
+        origin_server_ts: int | None = None,
+    ) -> tuple[str, list[CreatedEvent]]:
+        """Create a room with its initial state; returns its ID and the events created."""
+        version = room_version(version) if isinstance(version, str) else version
+        if not creator.endswith(":" + self.server_name):
+            raise MatrixError(400, Codes.INVALID_PARAM, f"{creator} is not a local user")
+        create_content: dict[str, Any] = {"room_version": version.identifier}
+        if not version.implicit_room_creator:
+            create_content["creator"] = creator
+        if version.room_id_from_create_event:
+            create = finalise_local_event(
+                build_event_dict(
+                    version,
+                    event_type="m.room.create",
+                    sender=creator,
+                    content=create_content,
+                    prev_events=[],
+                    auth_events=[],
+                    depth=1,
+                    state_key="",
+                    origin_server_ts=origin_server_ts,
+                ),
+                version,
+                self.server_name,
+                self.signing_key,
+            )
+            room_id = room_id_for_create_event(create)
+        else:
+            room_id = f"!{secrets.token_urlsafe(18)}:{self.server_name}"
+            create = finalise_local_event(
+                build_event_dict(
+                    version,
+                    event_type="m.room.create",
+                    sender=creator,
+                    content=create_content,
+                    prev_events=[],
+                    auth_events=[],
+                    depth=1,
+                    room_id=room_id,
+                    state_key="",
+                    origin_server_ts=origin_server_ts,
+                ),
+                version,
+                self.server_name,
+                self.signing_key,
+            )
+        persister = self.persister
+        async with persister.room_lock(room_id):
+            results = await persister.persist_room_locked(room_id, [create], False, True)
+        created = [CreatedEvent(create, _only(results, create).stream_ordering)]
+        users: dict[str, int] = {} if version.privileged_creators else {creator: 100}
+        initial: list[tuple[str, str, dict[str, Any]]] = [
+            ("m.room.member", creator, {"membership": "join"}),
+            (
+                "m.room.power_levels",
+                "",
+                {
+                    "users": users,
+                    "users_default": 0,
+                    "events_default": 0,
+                    "state_default": 50,
+                    "ban": 50,
+                    "kick": 50,
+                    "redact": 50,
+                    "invite": 50 if preset is RoomPreset.PUBLIC_CHAT else 0,
+                    "events": {},
+                },
+            ),
+            (
+                "m.room.join_rules",
+                "",
+                {"join_rule": "public" if preset is RoomPreset.PUBLIC_CHAT else "invite"},
+            ),
+            ("m.room.history_visibility", "", {"history_visibility": "shared"}),
+        ]
+        if name is not None:
+            initial.append(("m.room.name", "", {"name": name}))
+        if topic is not None:
+            initial.append(("m.room.topic", "", {"topic": topic}))
+        for event_type, state_key, content in initial:
+            created.append(
+                await self.create_event(
+                    room_id,
+                    creator,
+                    event_type,
+                    content,
+                    state_key=state_key,
+                    origin_server_ts=origin_server_ts,
+                )
+            )
+        return room_id, created
+
+
+def _only(results: Mapping[str, PersistedEvent], event: Event) -> PersistedEvent:
+    result = results[event.event_id]
+    if result.rejected_reason is not None:
+        # Local events are authorized before persisting; a rejection here means the
+        # room's state moved under us, which the room lock rules out.
+        raise AuthError(f"event rejected on persist: {result.rejected_reason}")
+    return result

@@ -1,0 +1,803 @@
+"""Persisting events: orderings, DAG edges, authorization, state before and after each
+event, forward extremities and current state, in one transaction per batch.
+
+Per room, persistence is serialised by a lock; different rooms proceed in parallel.
+A batch may hold events of many rooms in any order: each room's events are sorted so
+that every event follows its prev and auth events.
+
+What happens to an event (the spec's checks on receipt, in order):
+
+1. its own auth events are checked (``check_auth_events_list`` + the rules): failing that
+   it is *rejected*;
+2. if all its prev events are known, the state before it is computed (resolving the prev
+   events' states when they differ) and it is checked against that state: failing that it
+   is *rejected*; if some prev events are unknown it is stored as an *outlier* (no state);
+3. a received (not local, not backfilled) event is also checked against the room's current
+   state: failing that it is *soft-failed* — stored, given state, but never a forward
+   extremity nor part of current state.
+
+Rejected events are stored with their reason and no state of their own (the state after
+them is the state before them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from roomstream.errors import AuthError
+from roomstream.events.auth import (
+    auth_types_for_event,
+    can_redact,
+    check_auth_events_list,
+    check_auth_rules,
+)
+from roomstream.events.model import Event, StateKey
+from roomstream.events.room_versions import RoomVersion, room_version
+from roomstream.rooms.store import (
+    EventStore,
+    LruCache,
+    chunks,
+    load_events_txn,
+    placeholders,
+    state_groups_txn,
+)
+from roomstream.state.auth_chain_index import AuthChainIndex, ChainLink, ChainPosition
+from roomstream.state.groups import (
+    StateMap,
+    create_state_group_txn,
+    get_state_entry_txn,
+    get_state_txn,
+    state_delta,
+)
+from roomstream.state.resolution import effective_auth_event_ids, resolve_state
+from roomstream.storage import Transaction
+from roomstream.streams import StreamSet
+
+logger = logging.getLogger(__name__)
+
+CREATE_KEY: StateKey = ("m.room.create", "")
+
+
+@dataclass(eq=False)
+class PendingGroup:
+    """A state group to create in the persist transaction: ``parent`` plus ``delta``."""
+
+    parent: GroupRef
+    delta: dict[StateKey, str | None]
+    group_id: int | None = None
+
+
+GroupRef = int | PendingGroup | None
+"""An existing state group, one about to be created, or None (the empty state)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedEvent:
+    """The outcome of persisting one event."""
+
+    event_id: str
+    stream_ordering: int
+    rejected_reason: str | None = None
+    soft_failed: bool = False
+    outlier: bool = False
+    #: False if the event was already stored (persisting twice is a no-op).
+    new: bool = True
+
+
+@dataclass(eq=False)
+class _Context:
+    event: Event
+    outlier: bool
+    rejected_reason: str | None = None
+    soft_failed: bool = False
+    before: GroupRef = None
+    after: GroupRef = None
+    state_after: StateMap | None = None
+    chain: tuple[ChainPosition, list[ChainLink]] | None = None
+
+
+@dataclass
+class _Room:
+    """What the persister keeps in memory about a room between batches."""
+
+    room_id: str
+    version: RoomVersion
+    extremities: set[str]
+    current: StateMap
+    current_group: GroupRef
+    index: AuthChainIndex
+
+
+def _group_id(ref: GroupRef) -> int | None:
+    if isinstance(ref, PendingGroup):
+        if ref.group_id is None:
+            raise RuntimeError("state group used before it was created")
+        return ref.group_id
+    return ref
+
+
+def _relates_to(event: Event) -> str | None:
+    relation = event.content.get("m.relates_to")
+    if isinstance(relation, dict):
+        target = relation.get("event_id")
+        if isinstance(target, str):
+            return target
+    return None
+
+
+class EventPersister:
+    """Persists events for the local instance (a writer of the ``events`` stream)."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        streams: StreamSet,
+        instance_name: str,
+        *,
+        room_cache_size: int = 512,
+        state_cache_size: int = 64,
+    ) -> None:
+        self.store = store
+        self.db = store.db
+        self.streams = streams
+        self.instance_name = instance_name
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._rooms = LruCache(room_cache_size)
+        self._states = LruCache(state_cache_size)  # str(group id) -> StateMap
+
+    def room_lock(self, room_id: str) -> asyncio.Lock:
+        return self._locks[room_id]
+
+    # -- public API ------------------------------------------------------------------
+
+    async def persist_events(
+        self,
+        events: Sequence[Event],
+        *,
+        backfilled: bool = False,
+        local: bool = False,
+    ) -> list[PersistedEvent]:
+        """Persist events of any rooms, in any order; results follow the input order."""
+        by_room: dict[str, list[Event]] = defaultdict(list)
+        for event in events:
+            by_room[event.room_id].append(event)
+        results: dict[str, PersistedEvent] = {}
+
+        async def one_room(room_id: str, room_events: list[Event]) -> None:
+            async with self.room_lock(room_id):
+                results.update(
+                    await self.persist_room_locked(room_id, room_events, backfilled, local)
+                )
+
+        await asyncio.gather(*(one_room(r, evs) for r, evs in by_room.items()))
+        return [results[e.event_id] for e in events]
+
+    async def persist_room_locked(
+        self,
+        room_id: str,
+        events: Sequence[Event],
+        backfilled: bool,
+        local: bool,
+        *,
+        state_before_hint: tuple[GroupRef, StateMap] | None = None,
+    ) -> dict[str, PersistedEvent]:
+        """Persist events of one room; the caller holds :meth:`room_lock`."""
+        unique = list({e.event_id: e for e in events}.values())
+        existing = await self.store.get_meta([e.event_id for e in unique])
+        results = {
+            event_id: PersistedEvent(
+                event_id,
+                meta.stream_ordering,
+                meta.rejected_reason,
+                meta.soft_failed,
+                meta.outlier,
+                new=False,
+            )
+            for event_id, meta in existing.items()
+        }
+        fresh = [e for e in unique if e.event_id not in existing]
+        if not fresh:
+            return results
+        room = await self._load_room(room_id, fresh)
+        try:
+            contexts, new_extremities, new_current = await self._compute_contexts(
+                room, _sort_events(fresh), backfilled, local, state_before_hint
+            )
+            generator = self.streams.generator("backfill" if backfilled else "events")
+            async with generator.reserve_many(len(contexts)) as orderings:
+                await self.db.run_interaction(
+                    self._persist_txn, room, contexts, orderings, new_extremities, new_current
+                )
+        except BaseException:
+            # In-memory bookkeeping (chain index, state) may hold the failed batch: forget
+            # the room so the next batch reloads it from the database.
+            self._rooms.pop(room_id, None)
+            raise
+        if new_extremities is not None:
+            room.extremities = new_extremities
+        if new_current is not None:
+            room.current_group, room.current = new_current
+        for ctx in contexts:
+            if ctx.state_after is not None and ctx.after is not None:
+                self._states.put(str(_group_id(ctx.after)), ctx.state_after)
+        self.store.cache_events(ctx.event for ctx in contexts)
+        for ctx, ordering in zip(contexts, orderings, strict=True):
+            results[ctx.event.event_id] = PersistedEvent(
+                ctx.event.event_id, ordering, ctx.rejected_reason, ctx.soft_failed, ctx.outlier
+            )
+        return results
+
+    async def get_room_state(self, room_id: str) -> tuple[RoomVersion, set[str], StateMap]:
+        """The room's version, forward extremities and current state (from memory)."""
+        room = await self._load_room(room_id, [])
+        return room.version, set(room.extremities), room.current
+
+    # -- loading ---------------------------------------------------------------------
+
+    async def _load_room(self, room_id: str, batch: Sequence[Event]) -> _Room:
+        room: _Room | None = self._rooms.get_recent(room_id)
+        if room is not None:
+            return room
+        loaded = await self.db.run_interaction(_load_room_txn, room_id)
+        if loaded is None:
+            create = next((e for e in batch if e.type == "m.room.create"), None)
+            if create is None:
+                raise LookupError(f"unknown room {room_id} and no create event in the batch")
+            version = create.room_version
+            room = _Room(room_id, version, set(), {}, None, AuthChainIndex())
+        else:
+            version_id, extremities, current, positions, links = loaded
+            room = _Room(
+                room_id,
+                room_version(version_id),
+                extremities,
+                current,
+                None,
+                AuthChainIndex.load(positions, links),
+            )
+            if len(extremities) == 1:
+                (extremity,) = extremities
+                groups = await self.store.get_state_groups([extremity])
+                if extremity in groups:
+                    room.current_group = groups[extremity][1]
+        self._rooms.put(room_id, room)
+        return room
+
+    async def _state_of(self, ref: GroupRef, contexts: Mapping[str, _Context]) -> StateMap:
+        if ref is None:
+            return {}
+        if isinstance(ref, PendingGroup):
+            for ctx in contexts.values():
+                if ctx.after is ref and ctx.state_after is not None:
+                    return ctx.state_after
+            raise RuntimeError("pending state group without its state")
+        cached: StateMap | None = self._states.get_recent(str(ref))
+        if cached is None:
+            cached = await self.db.run_interaction(get_state_txn, ref)
+            self._states.put(str(ref), cached)
+        return cached
+
+    async def _events(
+        self, ids: Iterable[str], contexts: Mapping[str, _Context]
+    ) -> dict[str, Event]:
+        ids = list(ids)
+        found = {i: contexts[i].event for i in ids if i in contexts}
+        rest = [i for i in ids if i not in found]
+        if rest:
+            found.update(await self.store.get_events(rest))
+        return found
+
+    # -- contexts --------------------------------------------------------------------
+
+    async def _compute_contexts(
+        self,
+        room: _Room,
+        events: list[Event],
+        backfilled: bool,
+        local: bool,
+        hint: tuple[GroupRef, StateMap] | None,
+    ) -> tuple[list[_Context], set[str] | None, tuple[GroupRef, StateMap] | None]:
+        """Decide each event's fate and state, in order, as if persisted one by one.
+
+        Returns the contexts, and the room's new forward extremities and current state
+        (None when unchanged). Backfilled events never change either.
+        """
+        contexts: dict[str, _Context] = {}
+        ids = [e.event_id for e in events]
+        referenced = {p for e in events for p in e.prev_event_ids} | {
+            a for e in events for a in effective_auth_event_ids(e)
+        }
+        referenced -= set(ids)
+        known_meta = await self.store.get_meta(referenced)
+        known_groups = await self.store.get_state_groups(referenced)
+        rejected = {i for i, m in known_meta.items() if m.rejected_reason is not None}
+        # Events some stored event already names as a prev can never be extremities.
+        named_as_prev = await self.db.run_interaction(_referenced_txn, ids)
+        extremities, current, current_group = (
+            set(room.extremities),
+            room.current,
+            room.current_group,
+        )
+        changed = False
+
+        for event in events:
+            ctx = _Context(event, outlier=False)
+            contexts[event.event_id] = ctx
+            # 1. The event's own auth events.
+            auth_ids = effective_auth_event_ids(event)
+            auth_by_id = await self._events(auth_ids, contexts)
+            batch_rejected = {i for i in auth_ids if i in contexts and contexts[i].rejected_reason}
+            try:
+                auth_map = check_auth_events_list(
+                    event, auth_by_id, rejected_event_ids=rejected | batch_rejected
+                )
+                check_auth_rules(event, auth_map)
+            except AuthError as exc:
+                ctx.rejected_reason = exc.message
+            if all(a in room.index for a in auth_ids):
+                ctx.chain = room.index.add_event(event.event_id, auth_ids)
+
+            # 2. The state before it, if every prev event has state.
+            prevs = event.prev_event_ids
+            prev_groups: list[GroupRef] = []
+            for prev in prevs:
+                if prev in contexts and not contexts[prev].outlier:
+                    prev_groups.append(contexts[prev].after)
+                elif prev in known_groups:
+                    prev_groups.append(known_groups[prev][1])
+            if event.type == "m.room.create" and not prevs:
+                state_before: StateMap = {}
+            elif not prevs or len(prev_groups) < len(prevs):
+                ctx.outlier = True
+                continue
+            elif (
+                hint is not None
+                and set(prevs) == extremities
+                and (hint[0] is not None or not hint[1])
+            ):
+                ctx.before, state_before = hint
+            else:
+                ctx.before, state_before = await self._state_before(room, prev_groups, contexts)
+            if ctx.rejected_reason is None:
+                ctx.rejected_reason = await self._auth_against(room, event, state_before, contexts)
+            # 3. Soft failure against the current state, for events from elsewhere.
+            if ctx.rejected_reason is None and not local and not backfilled:
+                reason = await self._auth_against(room, event, current, contexts)
+                ctx.soft_failed = reason is not None
+
+            # The state after it.
+            if event.is_state() and ctx.rejected_reason is None:
+                ctx.after = PendingGroup(ctx.before, {event.state_tuple: event.event_id})
+                ctx.state_after = dict(state_before)
+                ctx.state_after[event.state_tuple] = event.event_id
+            else:
+                ctx.after = ctx.before
+                ctx.state_after = state_before
+
+            # The room's extremities and current state after this event.
+            if backfilled or ctx.rejected_reason or ctx.soft_failed:
+                continue
+            extremities -= set(prevs)
+            if event.event_id not in named_as_prev:
+                extremities.add(event.event_id)
+            changed = True
+            if extremities == {event.event_id}:
+                current_group, current = ctx.after, ctx.state_after
+            else:
+                refs = await self._extremity_groups(extremities, contexts)
+                current_group, current = await self._state_before(room, refs, contexts)
+        if not changed:
+            return list(contexts.values()), None, None
+        return list(contexts.values()), extremities, (current_group, current)
+
+    async def _extremity_groups(
+        self, extremities: set[str], contexts: Mapping[str, _Context]
+    ) -> list[GroupRef]:
+        stored = await self.store.get_state_groups([e for e in extremities if e not in contexts])
+        refs: list[GroupRef] = []
+        for extremity in sorted(extremities):
+            if extremity in contexts:
+                if not contexts[extremity].outlier:
+                    refs.append(contexts[extremity].after)
+            elif extremity in stored:
+                refs.append(stored[extremity][1])
+        return refs
+
+    async def _state_before(
+        self, room: _Room, prev_groups: list[GroupRef], contexts: Mapping[str, _Context]
+    ) -> tuple[GroupRef, StateMap]:
+        """The state after all of ``prev_groups``: shared, or resolved when they differ."""
+        distinct: dict[tuple[str, int | None], GroupRef] = {}
+        for ref in prev_groups:
+            key = ("pending", id(ref)) if isinstance(ref, PendingGroup) else ("group", ref)
+            distinct[key] = ref
+        refs = list(distinct.values())
+        if not refs:
+            return None, {}
+        if len(refs) == 1:
+            return refs[0], await self._state_of(refs[0], contexts)
+        states = [await self._state_of(ref, contexts) for ref in refs]
+        resolved = await resolve_state(
+            room.room_id, room.version, states, _ResolutionStore(self, room, contexts)
+        )
+        # Store the merge as a delta from the parent it differs least from.
+        best = min(range(len(refs)), key=lambda i: len(state_delta(states[i], resolved)))
+        if states[best] == resolved:
+            return refs[best], states[best]
+        return PendingGroup(refs[best], state_delta(states[best], resolved)), resolved
+
+    async def _auth_against(
+        self,
+        room: _Room,
+        event: Event,
+        state: Mapping[StateKey, str],
+        contexts: Mapping[str, _Context],
+    ) -> str | None:
+        """None if ``event`` passes the rules against ``state``, else the reason."""
+        if event.type == "m.room.create":
+            return None
+        keys = auth_types_for_event(
+            room.version, event.type, event.state_key, event.sender, event.content
+        )
+        keys.append(CREATE_KEY)
+        wanted = {k: state[k] for k in keys if k in state}
+        events = await self._events(wanted.values(), contexts)
+        auth_events = {k: events[v] for k, v in wanted.items() if v in events}
+        try:
+            check_auth_rules(event, auth_events)
+        except AuthError as exc:
+            return exc.message
+        return None
+
+    # -- the transaction -------------------------------------------------------------
+
+    def _persist_txn(
+        self,
+        txn: Transaction,
+        room: _Room,
+        contexts: list[_Context],
+        orderings: list[int],
+        new_extremities: set[str] | None,
+        new_current: tuple[GroupRef, StateMap] | None,
+    ) -> None:
+        now = int(time.time() * 1000)
+        # State groups, parents first (pending groups reference earlier ones).
+        pending: list[PendingGroup] = []
+        for ctx in contexts:
+            for ref in (ctx.before, ctx.after):
+                _collect_pending(ref, pending)
+        if new_current is not None:
+            _collect_pending(new_current[0], pending)
+        for group in pending:
+            group.group_id = create_state_group_txn(
+                txn, room.room_id, _group_id(group.parent), group.delta
+            )
+
+        event_rows: list[tuple[Any, ...]] = []
+        json_rows: list[tuple[str, str, str, bytes]] = []
+        edge_rows: list[tuple[str, str]] = []
+        auth_rows: list[tuple[str, str]] = []
+        state_rows: list[tuple[str, int, int]] = []
+        chain_rows: list[tuple[str, str, int, int]] = []
+        link_rows: list[tuple[str, int, int, int, int]] = []
+        redaction_rows: list[tuple[str, str]] = []
+        for ctx, ordering in zip(contexts, orderings, strict=True):
+            event = ctx.event
+            event_rows.append(
+                (
+                    ordering,
+                    event.depth,
+                    event.event_id,
+                    room.room_id,
+                    event.type,
+                    event.state_key,
+                    event.sender,
+                    event.redacts,
+                    _relates_to(event),
+                    event.membership,
+                    ctx.outlier,
+                    ctx.rejected_reason,
+                    ctx.soft_failed,
+                    event.origin_server_ts,
+                    now,
+                    self.instance_name,
+                )
+            )
+            json_rows.append((event.event_id, room.room_id, room.version.identifier, event.raw))
+            edge_rows.extend((event.event_id, p) for p in event.prev_event_ids)
+            auth_rows.extend((event.event_id, a) for a in event.auth_event_ids)
+            if not ctx.outlier:
+                before, after = _group_id(ctx.before), _group_id(ctx.after)
+                if after is not None:
+                    state_rows.append(
+                        (event.event_id, before if before is not None else after, after)
+                    )
+            if ctx.chain is not None:
+                position, links = ctx.chain
+                chain_rows.append(
+                    (position.event_id, room.room_id, position.chain_id, position.sequence_number)
+                )
+                link_rows.extend(
+                    (
+                        room.room_id,
+                        link.origin_chain_id,
+                        link.origin_sequence_number,
+                        link.target_chain_id,
+                        link.target_sequence_number,
+                    )
+                    for link in links
+                )
+            if event.redacts is not None and ctx.rejected_reason is None:
+                redaction_rows.append((event.event_id, event.redacts))
+            if event.type == "m.room.create" and ctx.rejected_reason is None:
+                creator = event.content.get("creator", event.sender)
+                txn.execute(
+                    "INSERT INTO rooms (room_id, room_version, creator) VALUES (?, ?, ?)"
+                    " ON CONFLICT (room_id) DO NOTHING",
+                    (room.room_id, room.version.identifier, str(creator)),
+                )
+
+        txn.executemany(
+            "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
+            " state_key, sender, redacts, relates_to, membership, outlier, rejected_reason,"
+            " soft_failed, origin_server_ts, received_ts, instance_name)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            event_rows,
+        )
+        txn.executemany(
+            "INSERT INTO event_json (event_id, room_id, room_version, json) VALUES (?, ?, ?, ?)",
+            json_rows,
+        )
+        txn.executemany(
+            "INSERT INTO event_edges (event_id, prev_event_id) VALUES (?, ?)", edge_rows
+        )
+        txn.executemany("INSERT INTO event_auth (event_id, auth_id) VALUES (?, ?)", auth_rows)
+        txn.executemany(
+            "INSERT INTO event_state (event_id, before_group, after_group) VALUES (?, ?, ?)",
+            state_rows,
+        )
+        txn.executemany(
+            "INSERT INTO event_auth_chains (event_id, room_id, chain_id, sequence_number)"
+            " VALUES (?, ?, ?, ?)",
+            chain_rows,
+        )
+        txn.executemany(
+            "INSERT INTO event_auth_chain_links (room_id, origin_chain_id, origin_sequence_number,"
+            " target_chain_id, target_sequence_number) VALUES (?, ?, ?, ?, ?)",
+            link_rows,
+        )
+        self._apply_redactions_txn(txn, room, contexts, redaction_rows)
+
+        if new_extremities is not None:
+            txn.execute("DELETE FROM event_forward_extremities WHERE room_id = ?", (room.room_id,))
+            txn.executemany(
+                "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (?, ?)",
+                [(room.room_id, e) for e in sorted(new_extremities)],
+            )
+        if new_current is not None:
+            self._update_current_state_txn(txn, room, new_current[1], contexts, orderings)
+
+    def _apply_redactions_txn(
+        self,
+        txn: Transaction,
+        room: _Room,
+        contexts: list[_Context],
+        redaction_rows: list[tuple[str, str]],
+    ) -> None:
+        txn.executemany(
+            "INSERT INTO redactions (event_id, redacts) VALUES (?, ?)"
+            " ON CONFLICT (event_id) DO NOTHING",
+            redaction_rows,
+        )
+        # Redactions that arrived before the events they redact.
+        new_ids = [c.event.event_id for c in contexts]
+        earlier: list[tuple[str, str]] = []
+        for chunk in chunks(new_ids):
+            earlier.extend(
+                txn.query(
+                    "SELECT event_id, redacts FROM redactions"
+                    f" WHERE redacts IN ({placeholders(len(chunk))})",
+                    chunk,
+                )
+            )
+        pairs = set(redaction_rows) | {(r[0], r[1]) for r in earlier}
+        if not pairs:
+            return
+        ids = [p for pair in pairs for p in pair]
+        by_id = {c.event.event_id: c.event for c in contexts}
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            by_id.update(load_events_txn(txn, missing))
+        for redaction_id, target_id in sorted(pairs):
+            redaction, target = by_id.get(redaction_id), by_id.get(target_id)
+            if redaction is None or target is None or target.room_id != redaction.room_id:
+                continue
+            groups = state_groups_txn(txn, [redaction_id]).get(redaction_id)
+            if groups is None:
+                continue
+            keys = [("m.room.power_levels", ""), CREATE_KEY, ("m.room.member", redaction.sender)]
+            wanted = {}
+            for key in keys:
+                value = get_state_entry_txn(txn, groups[0], key)
+                if value is not None:
+                    wanted[key] = value
+            loaded = {
+                **by_id,
+                **load_events_txn(txn, [v for v in wanted.values() if v not in by_id]),
+            }
+            auth_events = {k: loaded[v] for k, v in wanted.items() if v in loaded}
+            if can_redact(redaction, auth_events, target.sender):
+                txn.execute(
+                    "UPDATE events SET redacted_by = ? WHERE event_id = ? AND redacted_by IS NULL",
+                    (redaction_id, target_id),
+                )
+
+    def _update_current_state_txn(
+        self,
+        txn: Transaction,
+        room: _Room,
+        new_state: StateMap,
+        contexts: list[_Context],
+        orderings: list[int],
+    ) -> None:
+        delta = state_delta(room.current, new_state)
+        if not delta:
+            return
+        stream_id = max(orderings)
+        members = {c.event.event_id: c.event.membership for c in contexts if c.event.membership}
+        missing_members = [
+            v
+            for k, v in delta.items()
+            if v is not None and k[0] == "m.room.member" and v not in members
+        ]
+        if missing_members:
+            for chunk in chunks(missing_members):
+                members.update(
+                    txn.query(
+                        "SELECT event_id, membership FROM events"
+                        f" WHERE event_id IN ({placeholders(len(chunk))})",
+                        chunk,
+                    )
+                )
+        for (etype, state_key), event_id in sorted(delta.items()):
+            if event_id is None:
+                txn.execute(
+                    "DELETE FROM current_state_events WHERE room_id = ? AND type = ?"
+                    " AND state_key = ?",
+                    (room.room_id, etype, state_key),
+                )
+            else:
+                txn.execute(
+                    "INSERT INTO current_state_events (room_id, type, state_key, event_id,"
+                    " membership) VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key)"
+                    " DO UPDATE SET event_id = excluded.event_id, membership = excluded.membership",
+                    (room.room_id, etype, state_key, event_id, members.get(event_id)),
+                )
+            txn.execute(
+                "INSERT INTO current_state_delta_stream (stream_id, instance_name, room_id, type,"
+                " state_key, event_id, prev_event_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    stream_id,
+                    self.instance_name,
+                    room.room_id,
+                    etype,
+                    state_key,
+                    event_id,
+                    room.current.get((etype, state_key)),
+                ),
+            )
+
+
+def _collect_pending(ref: GroupRef, out: list[PendingGroup]) -> None:
+    chain: list[PendingGroup] = []
+    while isinstance(ref, PendingGroup) and ref.group_id is None and ref not in out:
+        chain.append(ref)
+        ref = ref.parent
+    out.extend(reversed(chain))
+
+
+def _sort_events(events: list[Event]) -> list[Event]:
+    """Order events so each follows its prev and auth events that are in the list.
+
+    Ties (and events whose ancestors are elsewhere) keep depth order, then input order.
+    """
+    by_id = {e.event_id: e for e in events}
+    order = sorted(events, key=lambda e: e.depth)
+    placed: set[str] = set()
+    result: list[Event] = []
+    for root in order:
+        stack: list[tuple[Event, bool]] = [(root, False)]
+        while stack:
+            event, expanded = stack.pop()
+            if event.event_id in placed:
+                continue
+            if expanded:
+                placed.add(event.event_id)
+                result.append(event)
+                continue
+            stack.append((event, True))
+            parents = [*event.prev_event_ids, *effective_auth_event_ids(event)]
+            for parent in reversed(parents):
+                if parent in by_id and parent not in placed:
+                    stack.append((by_id[parent], False))
+    return result
+
+
+def _load_room_txn(
+    txn: Transaction, room_id: str
+) -> tuple[str, set[str], StateMap, list[ChainPosition], list[ChainLink]] | None:
+    row = txn.query_one("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,))
+    if row is None:
+        return None
+    extremities = {
+        r[0]
+        for r in txn.query(
+            "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)
+        )
+    }
+    current = {
+        (r[0], r[1]): r[2]
+        for r in txn.query(
+            "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
+            (room_id,),
+        )
+    }
+    positions = [
+        ChainPosition(r[0], int(r[1]), int(r[2]))
+        for r in txn.query(
+            "SELECT event_id, chain_id, sequence_number FROM event_auth_chains WHERE room_id = ?",
+            (room_id,),
+        )
+    ]
+    links = [
+        ChainLink(int(r[0]), int(r[1]), int(r[2]), int(r[3]))
+        for r in txn.query(
+            "SELECT origin_chain_id, origin_sequence_number, target_chain_id,"
+            " target_sequence_number FROM event_auth_chain_links WHERE room_id = ?",
+            (room_id,),
+        )
+    ]
+    return str(row[0]), extremities, current, positions, links
+
+
+def _referenced_txn(txn: Transaction, event_ids: list[str]) -> set[str]:
+    """Those of ``event_ids`` that some stored event names as a prev event."""
+    found: set[str] = set()
+    for chunk in chunks(event_ids):
+        found.update(
+            r[0]
+            for r in txn.query(
+                "SELECT prev_event_id FROM event_edges"
+                f" WHERE prev_event_id IN ({placeholders(len(chunk))})",
+                chunk,
+            )
+        )
+    return found
+
+
+class _ResolutionStore:
+    """State resolution's view of a room: stored events plus the batch being persisted."""
+
+    def __init__(self, persister: EventPersister, room: _Room, contexts: Mapping[str, _Context]):
+        self._persister = persister
+        self._room = room
+        self._contexts = contexts
+
+    async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]:
+        return await self._persister._events(event_ids, self._contexts)
+
+    async def get_auth_chain_difference(
+        self, room_id: str, state_sets: Sequence[set[str]]
+    ) -> set[str]:
+        return self._room.index.auth_chain_difference(state_sets)
+
+    async def get_conflicted_subgraph(
+        self, room_id: str, conflicted_event_ids: set[str]
+    ) -> set[str]:
+        return self._room.index.conflicted_subgraph(conflicted_event_ids)
