@@ -458,3 +458,33 @@ async def test_fork_and_merge_resolves_state(engine: RoomEngine, remote_key: Sig
     assert state[("m.room.member", BOB)] == join.event_id
     assert await engine.store.get_forward_extremities(room_id) == [merged.event.event_id]
     assert REMOTE in BOB
+
+
+async def test_event_with_unknown_prev_events_is_an_outlier(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    room_id = await _public_room(engine, "11")
+    version, extremities, current = await engine.persister.get_room_state(room_id)
+    create, pl, jr = (
+        current[k]
+        for k in [("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")]
+    )
+    join = remote_event(
+        remote_key,
+        version,
+        room_id,
+        BOB,
+        "m.room.member",
+        {"membership": "join"},
+        ["$unknown_prev_event"],
+        [create, pl, jr],
+        depth=50,
+        state_key=BOB,
+    )
+    (result,) = await engine.persister.persist_events([join])
+    assert result.outlier and result.rejected_reason is None
+    # No state of its own, not an extremity, not current state.
+    with pytest.raises(LookupError):
+        await engine.store.get_state_at(join.event_id)
+    assert join.event_id not in await engine.store.get_forward_extremities(room_id)
+    assert ("m.room.member", BOB) not in await engine.store.get_current_state(room_id)

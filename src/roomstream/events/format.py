@@ -1,0 +1,329 @@
+"""Turning bytes into trusted-format events, and local event dicts into signed events.
+
+Received events (:func:`parse_pdu`), in this order, each failure a ``BadEventError``:
+
+1. more than :data:`MAX_RAW_PDU_BYTES` bytes as received            -> ``M_TOO_LARGE``
+2. strict JSON decoding (:func:`canonical.decode_json_object`)      -> ``M_NOT_JSON`` /
+   ``M_BAD_JSON``
+3. canonical JSON of the whole PDU (signatures and ``unsigned`` included, as the spec's
+   size limit says) longer than :data:`MAX_PDU_SIZE` bytes          -> ``M_TOO_LARGE``
+4. required keys and their types, identifier grammar, 255-byte key limits, ``redacts``
+   placement (:func:`validate_pdu_fields`)                           -> ``M_BAD_JSON``
+   (``type``/``sender``/``room_id``/``state_key`` over 255 bytes     -> ``M_TOO_LARGE``)
+5. content hash mismatch                  -> :class:`ContentHashMismatchError` (``M_BAD_JSON``)
+6. computed event ID differs from ``expected_event_id``              -> ``M_BAD_JSON``
+
+Nothing else is raised for any input bytes. Signatures are *not* checked here (that
+needs the sender's keys; see :func:`signing.verify_event_signature`), nor are auth rules.
+
+On a content hash mismatch the spec tells a receiver to keep the event but use its
+redacted form (the sender may legitimately have served a redacted copy, e.g. via
+backfill). We raise by default so that a mismatch is never silently accepted, and the
+raised :class:`ContentHashMismatchError` carries the redacted event (same event ID) for
+callers that implement the spec's fallback after checking signatures.
+
+Local events: :func:`build_event_dict` lays out the unsigned PDU for a room version and
+:func:`finalise_local_event` validates it, adds the content hash, signs it, serialises it
+as canonical JSON (which becomes ``Event.raw``) and computes the event ID.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from roomstream.errors import BadEventError, Codes
+from roomstream.events.canonical import (
+    check_json_value,
+    decode_json_object,
+    encode_canonical_json_fast,
+)
+from roomstream.events.hashing import (
+    add_content_hash,
+    check_content_hash,
+    compute_event_id,
+    room_id_from_create_event_id,
+)
+from roomstream.events.model import Event
+from roomstream.events.redaction import redact
+from roomstream.events.room_versions import RoomVersion
+from roomstream.events.signing import SigningKey, sign_event
+
+#: The spec's limit on a whole PDU, measured as canonical JSON including signatures.
+MAX_PDU_SIZE = 65536
+#: Received bytes beyond this are refused before parsing. Canonical JSON is never longer
+#: than any other encoding of the same value, so this only refuses PDUs padded with more
+#: than 15x their own size in whitespace or escapes, while bounding the work per PDU.
+MAX_RAW_PDU_BYTES = 16 * MAX_PDU_SIZE
+#: Limit on ``type``, ``sender``, ``room_id``, ``state_key`` and IDs, in UTF-8 bytes.
+MAX_KEY_BYTES = 255
+
+_SERVER_NAME_RE = re.compile(r"(?:\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.\-]{1,255})(?::[0-9]{1,5})?")
+_HASH_ID_BODY_RE = re.compile(r"[A-Za-z0-9_\-]{43}")
+
+
+class ContentHashMismatchError(BadEventError):
+    """The event's ``hashes.sha256`` does not match its content.
+
+    ``redacted_event`` is the event as the spec says a receiver should use it instead:
+    the redacted form (same event ID; ``raw`` is its canonical JSON, not the received
+    bytes). Only use it after the signatures have been checked.
+    """
+
+    def __init__(self, message: str, redacted_event: Event) -> None:
+        super().__init__(Codes.BAD_JSON, message)
+        self.redacted_event = redacted_event
+
+
+def _bad(message: str) -> BadEventError:
+    return BadEventError(Codes.BAD_JSON, message)
+
+
+def _byte_len(s: str) -> int:
+    # A character is at most 4 UTF-8 bytes, so short strings need no encoding.
+    return len(s) * 4 if len(s) * 4 <= MAX_KEY_BYTES else len(s.encode("utf-8"))
+
+
+def _check_length(name: str, value: str) -> None:
+    if _byte_len(value) > MAX_KEY_BYTES:
+        raise BadEventError(Codes.TOO_LARGE, f"'{name}' is longer than {MAX_KEY_BYTES} bytes")
+
+
+def is_valid_server_name(server_name: str) -> bool:
+    """Server name grammar from the appendices: hostname (DNS name, IPv4, [IPv6]) [":" port]."""
+    return _SERVER_NAME_RE.fullmatch(server_name) is not None
+
+
+def is_valid_user_id(user_id: str) -> bool:
+    """``@localpart:server_name`` accepting historical localparts, as servers must.
+
+    The localpart may be any Unicode except ``:`` and NUL (even empty); only the server
+    name is held to its grammar. At most 255 bytes.
+    """
+    if not user_id.startswith("@") or _byte_len(user_id) > MAX_KEY_BYTES:
+        return False
+    localpart, sep, server_name = user_id[1:].partition(":")
+    return bool(sep) and "\0" not in localpart and is_valid_server_name(server_name)
+
+
+def is_valid_room_id(room_id: str, room_version: RoomVersion) -> bool:
+    """``!opaque:server_name`` before v12; ``!`` + 43 URL-safe base64 characters in v12."""
+    if not room_id.startswith("!") or _byte_len(room_id) > MAX_KEY_BYTES:
+        return False
+    if room_version.room_id_from_create_event:
+        return _HASH_ID_BODY_RE.fullmatch(room_id, 1) is not None
+    opaque, sep, server_name = room_id[1:].partition(":")
+    return bool(sep) and "\0" not in opaque and is_valid_server_name(server_name)
+
+
+def _is_event_id(value: object) -> bool:
+    # Lenient on purpose: an unknown reference is dealt with when it is fetched, and
+    # refusing the whole event here would be a stricter rule than other servers apply.
+    return isinstance(value, str) and value.startswith("$") and _byte_len(value) <= MAX_KEY_BYTES
+
+
+def _check_event_id_list(data: Mapping[str, Any], key: str) -> None:
+    value = data.get(key)
+    if type(value) is not list:
+        raise _bad(f"'{key}' must be an array of event IDs")
+    for item in value:
+        if not _is_event_id(item):
+            raise _bad(f"'{key}' must contain only event IDs, found {str(item)[:80]!r}")
+
+
+def validate_pdu_fields(
+    data: Mapping[str, Any], room_version: RoomVersion, *, local: bool = False
+) -> None:
+    """Check the PDU's required keys, their types and identifier grammar for the version.
+
+    With ``local=True`` (events being created here) ``hashes`` and ``signatures`` may be
+    absent because :func:`finalise_local_event` adds them.
+    """
+    event_type = data.get("type")
+    if type(event_type) is not str:
+        raise _bad("'type' must be a string")
+    _check_length("type", event_type)
+
+    sender = data.get("sender")
+    if type(sender) is not str:
+        raise _bad("'sender' must be a string")
+    _check_length("sender", sender)
+    if not is_valid_user_id(sender):
+        raise _bad(f"'sender' is not a valid user ID: {sender[:80]!r}")
+
+    is_v12_create = room_version.room_id_from_create_event and event_type == "m.room.create"
+    room_id = data.get("room_id")
+    if is_v12_create:
+        # The v12 create event has no room_id; one that has one is *rejected* by auth
+        # rule 1.2 (persisted as rejected), which is not a format error.
+        if room_id is not None and type(room_id) is not str:
+            raise _bad("'room_id' must be a string")
+    else:
+        if type(room_id) is not str:
+            raise _bad("'room_id' must be a string")
+        _check_length("room_id", room_id)
+        if not is_valid_room_id(room_id, room_version):
+            raise _bad(f"'room_id' is not a valid room ID for this room version: {room_id[:80]!r}")
+
+    if "state_key" in data:
+        state_key = data["state_key"]
+        if type(state_key) is not str:
+            raise _bad("'state_key' must be a string when present")
+        _check_length("state_key", state_key)
+
+    content = data.get("content")
+    if type(content) is not dict:
+        raise _bad("'content' must be an object")
+
+    depth = data.get("depth")
+    if type(depth) is not int or depth < 0:
+        raise _bad("'depth' must be a non-negative integer")
+    if type(data.get("origin_server_ts")) is not int:
+        raise _bad("'origin_server_ts' must be an integer")
+
+    _check_event_id_list(data, "prev_events")
+    _check_event_id_list(data, "auth_events")
+
+    if "hashes" in data or not local:
+        hashes = data.get("hashes")
+        if type(hashes) is not dict or type(hashes.get("sha256")) is not str:
+            raise _bad("'hashes' must be an object with a 'sha256' string")
+    if "signatures" in data or not local:
+        signatures = data.get("signatures")
+        if type(signatures) is not dict or not all(
+            type(by_server) is dict and all(type(sig) is str for sig in by_server.values())
+            for by_server in signatures.values()
+        ):
+            raise _bad("'signatures' must map server names to objects of key ID -> string")
+
+    if event_type == "m.room.redaction":
+        # v11 moved 'redacts' into content (MSC2174); a top-level one is then meaningless.
+        if room_version.updated_redaction_rules:
+            if not _is_event_id(content.get("redacts")):
+                raise _bad("redaction events must have an event ID in 'content.redacts'")
+        elif not _is_event_id(data.get("redacts")):
+            raise _bad("redaction events must have an event ID in top-level 'redacts'")
+
+
+def parse_pdu(
+    raw: bytes, room_version: RoomVersion, *, expected_event_id: str | None = None
+) -> Event:
+    """Parse and validate a received PDU; see the module docstring for the checks.
+
+    Invariants of the returned event: ``raw`` is the input bytes, unchanged; ``data`` is
+    their strict parse; ``event_id`` is computed from the reference hash (never taken
+    from the input); the content hash matched.
+    """
+    raw = bytes(raw)
+    if len(raw) > MAX_RAW_PDU_BYTES:
+        raise BadEventError(Codes.TOO_LARGE, f"PDU is larger than {MAX_PDU_SIZE} bytes")
+    data = decode_json_object(raw)
+    # Canonical JSON is never longer than the received encoding, so only long inputs
+    # need re-encoding to measure.
+    if len(raw) > MAX_PDU_SIZE and len(encode_canonical_json_fast(data)) > MAX_PDU_SIZE:
+        raise BadEventError(Codes.TOO_LARGE, f"PDU is larger than {MAX_PDU_SIZE} bytes")
+    validate_pdu_fields(data, room_version)
+
+    event_id = compute_event_id(data, room_version)
+    if not check_content_hash(data):
+        redacted = redact(data, room_version)
+        redacted_event = Event(
+            redacted, room_version, event_id, encode_canonical_json_fast(redacted)
+        )
+        raise ContentHashMismatchError(
+            f"content hash of {event_id} does not match its content", redacted_event
+        )
+    if expected_event_id is not None and event_id != expected_event_id:
+        raise _bad(f"event ID mismatch: expected {expected_event_id[:80]!r}, computed {event_id}")
+    return Event(data, room_version, event_id, raw)
+
+
+def build_event_dict(
+    room_version: RoomVersion,
+    *,
+    event_type: str,
+    sender: str,
+    content: Mapping[str, Any],
+    prev_events: Sequence[str],
+    auth_events: Sequence[str],
+    depth: int,
+    room_id: str | None = None,
+    state_key: str | None = None,
+    redacts: str | None = None,
+    origin_server_ts: int | None = None,
+    unsigned: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Lay out an unsigned, unhashed PDU dict for ``room_version``.
+
+    ``room_id`` must be given except for a v12 ``m.room.create`` event, where it must not
+    be (the room ID is derived from the create event's ID afterwards, see
+    :func:`room_id_for_create_event`). ``redacts`` goes top-level in v10 and into
+    ``content`` from v11. ``origin_server_ts`` defaults to now.
+    """
+    is_v12_create = room_version.room_id_from_create_event and event_type == "m.room.create"
+    if is_v12_create and room_id is not None:
+        raise ValueError("room version 12 create events must not have a room_id")
+    if not is_v12_create and room_id is None:
+        raise ValueError("room_id is required")
+    event: dict[str, Any] = {
+        "type": event_type,
+        "sender": sender,
+        "content": dict(content),
+        "prev_events": list(prev_events),
+        "auth_events": list(auth_events),
+        "depth": depth,
+        "origin_server_ts": (
+            int(time.time() * 1000) if origin_server_ts is None else origin_server_ts
+        ),
+    }
+    if room_id is not None:
+        event["room_id"] = room_id
+    if state_key is not None:
+        event["state_key"] = state_key
+    if redacts is not None:
+        if room_version.updated_redaction_rules:
+            event["content"]["redacts"] = redacts
+        else:
+            event["redacts"] = redacts
+    if unsigned:
+        event["unsigned"] = dict(unsigned)
+    return event
+
+
+def finalise_local_event(
+    event_dict: Mapping[str, Any],
+    room_version: RoomVersion,
+    server_name: str,
+    signing_key: SigningKey,
+) -> Event:
+    """Hash, sign and serialise a locally created event; the input is not modified.
+
+    Raises ``BadEventError`` if the dict is not a valid PDU (e.g. content with floats) or
+    ends up larger than :data:`MAX_PDU_SIZE`. Existing signatures (e.g. from a resident
+    server during a restricted join) are kept.
+    """
+    data = dict(event_dict)
+    if "event_id" in data:
+        raise _bad("events in this room version must not carry an 'event_id' key")
+    check_json_value(data, local=True)
+    validate_pdu_fields(data, room_version, local=True)
+    add_content_hash(data)
+    sign_event(data, server_name, signing_key, room_version=room_version)
+    raw = encode_canonical_json_fast(data)
+    if len(raw) > MAX_PDU_SIZE:
+        raise BadEventError(Codes.TOO_LARGE, f"event is larger than {MAX_PDU_SIZE} bytes")
+    # Re-parse so that data is exactly raw parsed (tuples become lists, nothing is
+    # shared with the caller's dicts).
+    parsed: dict[str, Any] = orjson.loads(raw)
+    return Event(parsed, room_version, compute_event_id(parsed, room_version), raw)
+
+
+def room_id_for_create_event(create_event: Event) -> str:
+    """The room ID a create event establishes: derived from its ID in v12, else its field."""
+    if create_event.room_version.room_id_from_create_event:
+        return room_id_from_create_event_id(create_event.event_id)
+    return create_event.room_id

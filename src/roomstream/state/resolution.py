@@ -1,0 +1,585 @@
+"""State resolution v2 (room versions 2-11) and v2.1 (room version 12, MSC4297).
+
+Given the room states at several forward extremities (or at the ``prev_events`` of an
+event), :func:`resolve_state` computes the one state they resolve to, following the
+"State resolution" section of the room version pages of the Matrix specification. Step
+numbers in comments ("step 1" ... "step 5") are the spec's *Algorithm* steps; terms in
+*italics* in the spec (unconflicted state map, auth difference, full conflicted set,
+reverse topological power ordering, mainline ordering, iterative auth checks) have
+functions of the same name here.
+
+v2.1 differs from v2 in exactly two places (MSC4297):
+
+1. the first iterative auth checks (step 2) start from an **empty** state map instead of
+   the unconflicted state map, so conflicted power events are replayed on top of their own
+   ``auth_events`` rather than on unrelated state; and
+2. the *full conflicted set* also includes the *conflicted state subgraph*: every event on
+   an ``auth_events`` path between two conflicted events.
+
+Step 5 (the unconflicted state map overrides the result) is unchanged in v2.1.
+
+Room version 12 also stops listing the create event in ``auth_events`` (MSC4291): the room
+ID is the create event's ID. Everywhere the algorithm reads an event's ``auth_events`` we
+therefore use :func:`effective_auth_event_ids`, which adds the create event back for v12
+(Synapse does the same), so power levels of creators (MSC4289: infinite) and the auth
+rules see the create event.
+
+Authorization itself is delegated to :mod:`roomstream.events.auth`; nothing here decides
+whether an event is allowed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from roomstream.errors import AuthError
+from roomstream.events.auth import (
+    CREATE,
+    JOIN_RULES,
+    MEMBER,
+    POWER_LEVELS,
+    auth_types_for_event,
+    check_auth_rules,
+    get_user_power_level,
+)
+from roomstream.events.model import Event, StateKey
+from roomstream.events.room_versions import RoomVersion, StateResolutionAlgorithm
+from roomstream.state.auth_chain_index import AuthChainIndex
+
+__all__ = [
+    "ConflictedSubgraphStore",
+    "InMemoryStateResolutionStore",
+    "StateResolutionStore",
+    "create_event_id_for_room",
+    "effective_auth_event_ids",
+    "is_power_event",
+    "resolve_state",
+    "separate_state_sets",
+]
+
+logger = logging.getLogger(__name__)
+
+_CREATE_KEY: StateKey = (CREATE, "")
+_POWER_LEVELS_KEY: StateKey = (POWER_LEVELS, "")
+_JOIN_RULES_KEY: StateKey = (JOIN_RULES, "")
+
+
+# --------------------------------------------------------------------------------------
+# What the algorithm needs from storage
+# --------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class StateResolutionStore(Protocol):
+    """Read access to the events of a room, for :func:`resolve_state`.
+
+    ``get_events`` returns the events it has among those asked for (missing ones are
+    simply absent from the result). ``get_auth_chain_difference`` returns the *auth
+    difference* of the state sets: union minus intersection of the auth chains of each
+    set, where a set's auth chain includes the set's own events (Synapse's definition; it
+    keeps events present in every state set out of the difference).
+    """
+
+    async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]: ...
+
+    async def get_auth_chain_difference(
+        self, room_id: str, state_sets: Sequence[set[str]]
+    ) -> set[str]: ...
+
+
+@runtime_checkable
+class ConflictedSubgraphStore(Protocol):
+    """Optional extra a store may offer to compute the v2.1 conflicted state subgraph
+    from an index; without it :func:`resolve_state` walks the auth DAG itself."""
+
+    async def get_conflicted_subgraph(
+        self, room_id: str, conflicted_event_ids: set[str]
+    ) -> set[str]: ...
+
+
+# --------------------------------------------------------------------------------------
+# Small definitions
+# --------------------------------------------------------------------------------------
+
+
+def create_event_id_for_room(room_id: str) -> str:
+    """Room version 12: the create event's ID is the room ID with ``$`` for ``!``."""
+    return "$" + room_id[1:]
+
+
+def effective_auth_event_ids(event: Event) -> list[str]:
+    """The event's ``auth_events``, plus (room version 12) the implied create event.
+
+    Invariant: for v12 every event but the create event itself gets the create event,
+    derived from the room ID, appended once; other versions are returned as listed.
+    """
+    auth_ids = event.auth_event_ids
+    if event.room_version.room_id_from_create_event and event.type != CREATE:
+        create_id = create_event_id_for_room(event.room_id)
+        if create_id not in auth_ids:
+            auth_ids.append(create_id)
+    return auth_ids
+
+
+def is_power_event(event: Event) -> bool:
+    """The spec's *power event*: power levels, join rules, or a kick or ban (a ``leave``
+    or ``ban`` membership whose sender is not its target): events that may take away
+    someone's ability to act.
+
+    Synapse also counts ``m.room.create`` as one; the spec does not, and we follow the
+    spec. The create event is in every state set in any well-formed input, so it is never
+    conflicted and the difference never shows.
+    """
+    if not event.is_state():
+        return False
+    key = event.state_tuple
+    if key in (_POWER_LEVELS_KEY, _JOIN_RULES_KEY):
+        return True
+    return (
+        event.type == MEMBER
+        and event.membership in ("leave", "ban")
+        and (event.sender != event.state_key)
+    )
+
+
+def separate_state_sets(
+    state_sets: Sequence[Mapping[StateKey, str]],
+) -> tuple[dict[StateKey, str], dict[StateKey, set[str]]]:
+    """Split the state sets into the *unconflicted state map* and the conflicts.
+
+    A key is unconflicted iff every state set has it with the same event; anything else
+    (different events, or missing from some set) is conflicted, and the conflicted map
+    holds the events the sets that have the key give it.
+    """
+    unconflicted: dict[StateKey, str] = {}
+    conflicted: dict[StateKey, set[str]] = {}
+    keys: set[StateKey] = set().union(*(s.keys() for s in state_sets))
+    for key in keys:
+        values = [s.get(key) for s in state_sets]
+        present = {v for v in values if v is not None}
+        if len(present) == 1 and None not in values:
+            unconflicted[key] = present.pop()
+        else:
+            conflicted[key] = present
+    return unconflicted, conflicted
+
+
+class _EventCache:
+    """Events fetched from the store during one resolution, checked to be in the room."""
+
+    def __init__(self, room_id: str, store: StateResolutionStore) -> None:
+        self._room_id = room_id
+        self._store = store
+        self._events: dict[str, Event] = {}
+        self._missing: set[str] = set()
+
+    async def fetch(self, event_ids: Iterable[str]) -> None:
+        wanted = [e for e in event_ids if e not in self._events and e not in self._missing]
+        if not wanted:
+            return
+        found = await self._store.get_events(wanted)
+        for event_id in wanted:
+            event = found.get(event_id)
+            if event is None:
+                self._missing.add(event_id)
+                continue
+            # An event from another room would let power in one room act in another.
+            if event.room_id != self._room_id:
+                raise ValueError(
+                    f"state resolution for room {self._room_id} was given event {event_id} "
+                    f"of room {event.room_id}"
+                )
+            self._events[event_id] = event
+
+    async def get(self, event_id: str) -> Event | None:
+        await self.fetch((event_id,))
+        return self._events.get(event_id)
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._events
+
+    def __getitem__(self, event_id: str) -> Event:
+        return self._events[event_id]
+
+    async def auth_events(self, event: Event) -> list[Event]:
+        """The event's effective auth events that we have (missing ones are skipped)."""
+        auth_ids = effective_auth_event_ids(event)
+        await self.fetch(auth_ids)
+        return [self._events[a] for a in auth_ids if a in self._events]
+
+
+# --------------------------------------------------------------------------------------
+# The algorithm
+# --------------------------------------------------------------------------------------
+
+
+async def resolve_state(
+    room_id: str,
+    room_version: RoomVersion,
+    state_sets: Sequence[Mapping[StateKey, str]],
+    store: StateResolutionStore,
+) -> dict[StateKey, str]:
+    """Resolve ``state_sets`` with state resolution v2 or v2.1 (per ``room_version``).
+
+    Invariants:
+
+    * the result does not depend on the order of ``state_sets`` (every step works on
+      sets and breaks ties by ``(power level, origin_server_ts, event_id)``);
+    * every key of the unconflicted state map has its unconflicted value in the result;
+    * every value in the result is an event from one of the state sets or from the full
+      conflicted set that passed the auth rules during the iterative auth checks;
+    * no state sets resolve to ``{}``; one state set resolves to itself.
+
+    Events the store does not have are dropped from the full conflicted set (as Synapse
+    does); an event from another room raises ``ValueError``. Rejection status is not
+    modelled: the store is expected to hand back only events accepted against their own
+    auth chains (events soft-failed against the state at them are fine and are re-authed
+    here, as the spec's "Rejected events" section requires).
+    """
+    if not state_sets:
+        return {}
+    unconflicted, conflicted = separate_state_sets(state_sets)
+    if not conflicted:
+        return unconflicted
+
+    events = _EventCache(room_id, store)
+    conflicted_ids: set[str] = set().union(*conflicted.values())
+
+    # Full conflicted set = conflicted state set + auth difference ...
+    full_conflicted = conflicted_ids | await store.get_auth_chain_difference(
+        room_id, [set(s.values()) for s in state_sets]
+    )
+    v2_1 = room_version.state_resolution is StateResolutionAlgorithm.V2_1
+    if v2_1:
+        # ... + (v2.1, MSC4297 modification 2) the conflicted state subgraph.
+        full_conflicted |= await _conflicted_state_subgraph(room_id, conflicted_ids, store, events)
+
+    await events.fetch(full_conflicted)
+    dropped = {e for e in full_conflicted if e not in events}
+    if dropped:
+        logger.warning("state resolution in %s: %d events missing", room_id, len(dropped))
+    # Only state events can be state; auth chains never hold anything else.
+    full_conflicted = {e for e in full_conflicted if e in events and events[e].is_state()}
+
+    # Step 1: the power events of the full conflicted set and the part of their auth chains
+    # inside the full conflicted set, in reverse topological power ordering.
+    power_events = [e for e in full_conflicted if is_power_event(events[e])]
+    power_order = await _reverse_topological_power_ordering(power_events, full_conflicted, events)
+
+    # Step 2: iterative auth checks from the unconflicted state map (v2) or, v2.1 (MSC4297
+    # modification 1), from an empty map so each power event is judged against its own
+    # auth events instead of state that other forks agree on but it never saw.
+    initial: dict[StateKey, str] = {} if v2_1 else dict(unconflicted)
+    partial = await _iterative_auth_checks(room_version, power_order, initial, events)
+
+    # Step 3: everything else, in mainline ordering based on the resolved power levels.
+    in_power_order = set(power_order)
+    others = [e for e in full_conflicted if e not in in_power_order]
+    others_order = await _mainline_ordering(others, partial.get(_POWER_LEVELS_KEY), events)
+
+    # Step 4: iterative auth checks of those on top of the partially resolved state.
+    resolved = await _iterative_auth_checks(room_version, others_order, partial, events)
+
+    # Step 5: the unconflicted state map wins over anything the replay produced.
+    resolved.update(unconflicted)
+    return resolved
+
+
+async def _conflicted_state_subgraph(
+    room_id: str, conflicted_ids: set[str], store: StateResolutionStore, events: _EventCache
+) -> set[str]:
+    """The *conflicted state subgraph*: all ``auth_events`` paths between pairs of
+    conflicted events, endpoints included (v2.1).
+
+    Uses the store's index when it offers one; otherwise walks the auth chains of the
+    conflicted events (the only place that has to) and intersects "is an ancestor of a
+    conflicted event" with "descends from a conflicted event".
+    """
+    if isinstance(store, ConflictedSubgraphStore):
+        return await store.get_conflicted_subgraph(room_id, set(conflicted_ids))
+
+    ancestors: set[str] = set()  # in the auth chain of some conflicted event
+    children: dict[str, set[str]] = {}  # reverse auth edges inside the walked region
+    frontier = set(conflicted_ids)
+    visited = set(conflicted_ids)
+    while frontier:
+        await events.fetch(frontier)
+        next_frontier: set[str] = set()
+        for event_id in frontier:
+            if event_id not in events:
+                continue
+            for auth_id in effective_auth_event_ids(events[event_id]):
+                children.setdefault(auth_id, set()).add(event_id)
+                ancestors.add(auth_id)
+                if auth_id not in visited:
+                    visited.add(auth_id)
+                    next_frontier.add(auth_id)
+        frontier = next_frontier
+
+    descendants: set[str] = set()  # has some conflicted event in its auth chain
+    stack = [c for e in conflicted_ids for c in children.get(e, ())]
+    while stack:
+        event_id = stack.pop()
+        if event_id not in descendants:
+            descendants.add(event_id)
+            stack.extend(children.get(event_id, ()))
+
+    endpoints = {e for e in conflicted_ids if e in ancestors or e in descendants}
+    return (ancestors & descendants) | endpoints
+
+
+async def _sender_power_level(event: Event, events: _EventCache) -> int | float:
+    """The sender's power level "when looking at their respective auth_events": from
+    the power levels and create events the event cites (v12: plus its create event, so
+    creators rank infinitely high)."""
+    auth_state = {a.state_tuple: a for a in await events.auth_events(event) if a.is_state()}
+    return get_user_power_level(event.sender, auth_state)
+
+
+async def _reverse_topological_power_ordering(
+    power_events: Iterable[str], full_conflicted: set[str], events: _EventCache
+) -> list[str]:
+    """Step 1: the power events plus their auth chains within the full conflicted set,
+    in the *reverse topological power ordering*.
+
+    The graph follows ``auth_events`` edges between members of the full conflicted set
+    (as Synapse does). An auth event outside the set is in every state set's auth chain
+    or in none, so events reached only through it are never needed to order these.
+
+    Kahn's algorithm over that graph, always emitting the smallest ready event by
+    ``(-sender power level, origin_server_ts, event_id)``: events with no auth events in
+    the graph first, higher-powered senders first among the ready ones.
+    """
+    graph: dict[str, set[str]] = {}
+    stack = list(power_events)
+    while stack:
+        event_id = stack.pop()
+        if event_id in graph:
+            continue
+        edges: set[str] = set()
+        graph[event_id] = edges
+        for auth_id in effective_auth_event_ids(events[event_id]):
+            if auth_id in full_conflicted:
+                edges.add(auth_id)
+                if auth_id not in graph:
+                    stack.append(auth_id)
+
+    keys: dict[str, tuple[int | float, int, str]] = {}
+    for event_id in graph:
+        event = events[event_id]
+        level = await _sender_power_level(event, events)
+        keys[event_id] = (-level, event.origin_server_ts, event_id)
+
+    # Kahn's algorithm, run from the oldest end: an event is ready once all its auth
+    # events in the graph have been emitted.
+    waiting_on = {e: len(edges) for e, edges in graph.items()}
+    dependents: dict[str, list[str]] = {e: [] for e in graph}
+    for event_id, edges in graph.items():
+        for auth_id in edges:
+            dependents[auth_id].append(event_id)
+    ready = [keys[e] for e, n in waiting_on.items() if n == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        *_, event_id = heapq.heappop(ready)
+        order.append(event_id)
+        for dependent in dependents[event_id]:
+            waiting_on[dependent] -= 1
+            if waiting_on[dependent] == 0:
+                heapq.heappush(ready, keys[dependent])
+    if len(order) != len(graph):
+        # Only a cycle in auth_events could cause this, and event IDs are hashes of their
+        # content (auth_events included), so a cycle cannot be built.
+        raise ValueError("the auth events of the full conflicted set contain a cycle")
+    return order
+
+
+async def _iterative_auth_checks(
+    room_version: RoomVersion,
+    event_ids: Sequence[str],
+    initial_state: Mapping[StateKey, str],
+    events: _EventCache,
+) -> dict[StateKey, str]:
+    """The *iterative auth checks algorithm*: apply each event, in order, to the state if
+    the authorization rules allow it against that state; skip it otherwise.
+
+    For each key the rules need (:func:`auth_types_for_event`) the event in the state
+    being built is used; if the state lacks the key, the event's own auth event for it
+    is. In v12 the create event, which no event lists, comes from the room ID, which is
+    what :func:`check_auth_rules` expects under ``("m.room.create", "")``.
+    """
+    state = dict(initial_state)
+    for event_id in event_ids:
+        event = events[event_id]
+        needed = set(
+            auth_types_for_event(
+                room_version, event.type, event.state_key, event.sender, event.content
+            )
+        )
+        needed.add(_CREATE_KEY)
+
+        auth_state: dict[StateKey, Event] = {}
+        for auth_event in await events.auth_events(event):
+            if auth_event.is_state() and auth_event.state_tuple in needed:
+                auth_state[auth_event.state_tuple] = auth_event
+        for key in needed:
+            # v12: the create event is never part of the auth types, and the partially
+            # resolved state (which starts empty) must not replace the room's own.
+            if key == _CREATE_KEY and room_version.room_id_from_create_event:
+                continue
+            current_id = state.get(key)
+            if current_id is not None:
+                current = await events.get(current_id)
+                if current is not None:
+                    auth_state[key] = current
+
+        try:
+            check_auth_rules(event, auth_state)
+        except AuthError as e:
+            logger.debug("state resolution: %s not allowed: %s", event_id, e.message)
+            continue
+        state[event.state_tuple] = event_id
+    return state
+
+
+async def _power_levels_auth_event(event: Event, events: _EventCache) -> str | None:
+    """The ``m.room.power_levels`` event among the event's ``auth_events``, if any."""
+    for auth_event in await events.auth_events(event):
+        if auth_event.is_state() and auth_event.state_tuple == _POWER_LEVELS_KEY:
+            return auth_event.event_id
+    return None
+
+
+async def _mainline_ordering(
+    event_ids: Sequence[str], power_levels_id: str | None, events: _EventCache
+) -> list[str]:
+    """Step 3: the *mainline ordering* of the events based on ``power_levels_id``.
+
+    The mainline is ``[P0, P1, ...]``: the resolved power levels event, then the power
+    levels event among its auth events, and so on. An event's *mainline position* is the
+    index ``i`` of the first event of its own power-levels chain ``[e1, e2, ...]`` (``e``
+    itself excluded) that is on the mainline, or infinity if none is. Events sort by
+    greater position first (older power levels first), then ``origin_server_ts``, then
+    event ID.
+    """
+    if not event_ids:
+        return []
+
+    mainline: dict[str, int] = {}
+    current = power_levels_id
+    while current is not None and current not in mainline:
+        mainline[current] = len(mainline)
+        current_event = await events.get(current)
+        current = (
+            None if current_event is None else await _power_levels_auth_event(current_event, events)
+        )
+
+    # Positions of power levels events already walked, shared by all events: every event's
+    # chain of power levels ends on the mainline or at the room's first power levels.
+    known: dict[str, int | float] = {}
+
+    async def position(event: Event) -> int | float:
+        walked: list[str] = []
+        next_id = await _power_levels_auth_event(event, events)
+        result: int | float = math.inf
+        while next_id is not None:
+            if next_id in mainline:
+                result = mainline[next_id]
+                break
+            if next_id in known:
+                result = known[next_id]
+                break
+            if next_id in walked:
+                break  # a cycle cannot happen with hashed IDs; be total anyway
+            walked.append(next_id)
+            next_event = await events.get(next_id)
+            next_id = (
+                None if next_event is None else await _power_levels_auth_event(next_event, events)
+            )
+        for walked_id in walked:
+            known[walked_id] = result
+        return result
+
+    keys: dict[str, tuple[int | float, int, str]] = {}
+    for event_id in event_ids:
+        event = events[event_id]
+        keys[event_id] = (-(await position(event)), event.origin_server_ts, event_id)
+    return sorted(event_ids, key=keys.__getitem__)
+
+
+# --------------------------------------------------------------------------------------
+# An in-memory store
+# --------------------------------------------------------------------------------------
+
+
+class InMemoryStateResolutionStore:
+    """A :class:`StateResolutionStore` over events held in memory, with the auth chain
+    difference and the conflicted state subgraph answered by an :class:`AuthChainIndex`.
+
+    Invariants: every event it holds is in the index, indexed by its
+    :func:`effective_auth_event_ids` (so v12 events link to their create event); events
+    are only added after their auth events.
+    """
+
+    def __init__(self, events: Iterable[Event] = ()) -> None:
+        self._events: dict[str, Event] = {}
+        self.index = AuthChainIndex()
+        self.add_events(events)
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._events
+
+    def add_event(self, event: Event) -> None:
+        """Add one event; its auth events must have been added already."""
+        if event.event_id in self._events:
+            return
+        # Chains by (type, state_key) keep the index small: one chain per run of power
+        # levels, per user's memberships.
+        key = event.state_tuple if event.is_state() else None
+        self.index.add_event(event.event_id, effective_auth_event_ids(event), key)
+        self._events[event.event_id] = event
+
+    def add_events(self, events: Iterable[Event]) -> None:
+        """Add events in any order: they are sorted so each follows its auth events.
+
+        ``ValueError`` if an auth event is neither held already nor among ``events``.
+        """
+        pending = {e.event_id: e for e in events if e.event_id not in self._events}
+        # Depth-first, iteratively (auth chains can be far deeper than Python's stack).
+        for root in pending.values():
+            stack: list[tuple[Event, bool]] = [(root, False)]
+            on_path: set[str] = set()
+            while stack:
+                event, expanded = stack.pop()
+                if event.event_id in self._events:
+                    continue
+                if expanded:
+                    on_path.discard(event.event_id)
+                    self.add_event(event)
+                    continue
+                on_path.add(event.event_id)
+                stack.append((event, True))
+                for auth_id in effective_auth_event_ids(event):
+                    if auth_id in self._events:
+                        continue
+                    auth_event = pending.get(auth_id)
+                    if auth_event is None or auth_id in on_path:
+                        raise ValueError(f"auth event {auth_id} of {event.event_id} is unavailable")
+                    stack.append((auth_event, False))
+
+    async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]:
+        return {e: self._events[e] for e in event_ids if e in self._events}
+
+    async def get_auth_chain_difference(
+        self, room_id: str, state_sets: Sequence[set[str]]
+    ) -> set[str]:
+        return self.index.auth_chain_difference(state_sets)
+
+    async def get_conflicted_subgraph(
+        self, room_id: str, conflicted_event_ids: set[str]
+    ) -> set[str]:
+        return self.index.conflicted_subgraph(conflicted_event_ids)

@@ -1,0 +1,189 @@
+"""Properties of state resolution on random room DAGs.
+
+Hypothesis draws a script of moves (who does what, after which earlier events); the
+script is played on top of the scenarios' initial room, keeping only the moves the auth
+rules allow at the state they would be sent in. Then random states of that DAG are
+resolved:
+
+* in any order of the state sets, with the same result;
+* with the conflicted state subgraph from the chain index or from the fallback walk of a
+  store without an index, with the same result;
+* keeping the unconflicted state map, and only naming known events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterable, Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from roomstream.errors import AuthError
+from roomstream.events.model import Event, StateKey
+from roomstream.events.room_versions import ROOM_V10, ROOM_V12, RoomVersion
+from roomstream.state.resolution import (
+    ConflictedSubgraphStore,
+    InMemoryStateResolutionStore,
+    _conflicted_state_subgraph,
+    _EventCache,
+    resolve_state,
+    separate_state_sets,
+)
+from tests.state.test_resolution import (
+    ALICE,
+    BOB,
+    CHARLIE,
+    END,
+    EVELYN,
+    INITIAL_EDGES,
+    INITIAL_EVENTS,
+    JOIN_RULES,
+    ZARA,
+    E,
+    RoomDag,
+    member,
+    power_levels,
+    topic,
+)
+
+USERS = [ALICE, BOB, CHARLIE, ZARA, EVELYN]
+LEVELS = [0, 10, 50, 100]
+
+Move = tuple[list[int], str, int, int, int]
+"""(prev event picks, kind, actor, target, level): indices wrap around what exists."""
+
+moves = st.tuples(
+    st.lists(st.integers(min_value=0, max_value=1_000), min_size=1, max_size=2),
+    st.sampled_from(["topic", "power", "ban", "kick", "join", "leave", "join_rules"]),
+    st.integers(min_value=0, max_value=len(USERS) - 1),
+    st.integers(min_value=0, max_value=len(USERS) - 1),
+    st.integers(min_value=0, max_value=len(LEVELS) - 1),
+)
+
+
+def spec_for(name: str, move: Move) -> E:
+    _, kind, actor_i, target_i, level_i = move
+    actor, target, level = USERS[actor_i], USERS[target_i], LEVELS[level_i]
+    if kind == "topic":
+        return topic(name, actor)
+    if kind == "power":
+        users = {ALICE: 100, target: level}
+        return power_levels(name, actor, users)
+    if kind in ("ban", "kick"):
+        return member(name, actor, target, "ban" if kind == "ban" else "leave")
+    if kind == "join":
+        return member(name, actor, actor, "join")
+    if kind == "leave":
+        return member(name, actor, actor, "leave")
+    rule = "public" if level_i % 2 else "invite"
+    return E(name, actor, JOIN_RULES, "", {"join_rule": rule})
+
+
+async def play(version: RoomVersion, script: Sequence[Move]) -> RoomDag:
+    dag = RoomDag(version)
+    prevs = {c: [p] for c, p in itertools.pairwise(INITIAL_EDGES[0])}
+    for spec in INITIAL_EVENTS:
+        await dag.add(spec, prevs.get(spec.name, []))
+    names = ["START"]
+    for i, move in enumerate(script):
+        picks = list(dict.fromkeys(names[p % len(names)] for p in move[0]))
+        try:
+            await dag.add(spec_for(f"X{i}", move), picks)
+        except AuthError:
+            continue  # a server would not have sent it; leave it out of the DAG
+        names.append(f"X{i}")
+    # END only merges the last two branches; whoever sends it may have left by then.
+    await dag.add(END, names[-2:] if len(names) > 1 else names, check=False)
+    return dag
+
+
+class NoIndexStore:
+    """The same events, without ``get_conflicted_subgraph``: forces the fallback walk."""
+
+    def __init__(self, inner: InMemoryStateResolutionStore) -> None:
+        self._inner = inner
+
+    async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]:
+        return await self._inner.get_events(event_ids)
+
+    async def get_auth_chain_difference(
+        self, room_id: str, state_sets: Sequence[set[str]]
+    ) -> set[str]:
+        return await self._inner.get_auth_chain_difference(room_id, state_sets)
+
+
+def test_no_index_store_uses_the_fallback() -> None:
+    assert isinstance(InMemoryStateResolutionStore(), ConflictedSubgraphStore)
+    assert not isinstance(NoIndexStore(InMemoryStateResolutionStore()), ConflictedSubgraphStore)
+
+
+async def check_properties(
+    version: RoomVersion, script: Sequence[Move], picks: Sequence[int], order: Sequence[int]
+) -> None:
+    dag = await play(version, script)
+    names = sorted(dag.state_after)
+    chosen = [names[p % len(names)] for p in picks]
+    states: list[dict[StateKey, str]] = [dag.state_after[n] for n in chosen]
+
+    resolved = await resolve_state(dag.room_id, version, states, dag.store)
+
+    permuted = [states[i % len(states)] for i in order]
+    # A permutation of the same multiset of states (``order`` may repeat or drop indices,
+    # so rebuild a true permutation from it).
+    seen: list[int] = []
+    for i in order:
+        if i % len(states) not in seen:
+            seen.append(i % len(states))
+    seen += [i for i in range(len(states)) if i not in seen]
+    permuted = [states[i] for i in seen]
+    assert await resolve_state(dag.room_id, version, permuted, dag.store) == resolved
+
+    if version.state_resolution.value == "v2.1":
+        fallback = await resolve_state(dag.room_id, version, states, NoIndexStore(dag.store))
+        assert fallback == resolved
+
+    unconflicted, _ = separate_state_sets(states)
+    assert {k: resolved.get(k) for k in unconflicted} == unconflicted
+    assert all(event_id in dag.store for event_id in resolved.values())
+    assert all(dag.store_event(v).state_tuple == k for k, v in resolved.items())
+
+
+scripts = st.lists(moves, min_size=1, max_size=9)
+pick_lists = st.lists(st.integers(min_value=0, max_value=1_000), min_size=2, max_size=4)
+orders = st.lists(st.integers(min_value=0, max_value=3), min_size=0, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(scripts, pick_lists, orders)
+def test_v2_order_independent_and_consistent(
+    script: list[Move], picks: list[int], order: list[int]
+) -> None:
+    asyncio.run(check_properties(ROOM_V10, script, picks, order))
+
+
+@settings(max_examples=150, deadline=None)
+@given(scripts, pick_lists, orders)
+def test_v2_1_order_independent_and_consistent(
+    script: list[Move], picks: list[int], order: list[int]
+) -> None:
+    asyncio.run(check_properties(ROOM_V12, script, picks, order))
+
+
+async def compare_subgraphs(script: Sequence[Move], picks: Sequence[int]) -> None:
+    dag = await play(ROOM_V12, script)
+    names = sorted(dag.events)
+    conflicted = {dag.events[names[p % len(names)]].event_id for p in picks}
+    conflicted = {e for e in conflicted if dag.store_event(e).is_state()}
+    from_index = await dag.store.get_conflicted_subgraph(dag.room_id, conflicted)
+    walked = await _conflicted_state_subgraph(
+        dag.room_id, conflicted, NoIndexStore(dag.store), _EventCache(dag.room_id, dag.store)
+    )
+    assert walked == from_index
+
+
+@settings(max_examples=150, deadline=None)
+@given(scripts, pick_lists)
+def test_fallback_subgraph_walk_matches_the_index(script: list[Move], picks: list[int]) -> None:
+    asyncio.run(compare_subgraphs(script, picks))
