@@ -21,15 +21,17 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_run_writes_and_reads_a_stream_on_sqlite(tmp_path: Path) -> None:
+def test_run_creates_a_room_and_shows_the_events_stream(tmp_path: Path) -> None:
     first = run_cli("run", "--once", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert (tmp_path / "data" / "roomstream.db").exists()
-    assert "RDATA caches main 1 " in first.stdout
+    assert (tmp_path / "data" / "localhost.signing.key").exists()
+    assert 'RDATA events main 1 ["ev",' in first.stdout
+    assert '"m.room.create"' in first.stdout and '["state",' in first.stdout
+    assert "events stream 0 -> 8" in first.stdout
     second = run_cli("run", "--once", cwd=tmp_path)
-    # A second run continues the stream where the first left it.
-    assert "RDATA caches main 4 " in second.stdout
-    assert "caches stream: 3 -> 6" in second.stdout
+    # A second run continues the stream where the first left it, with the same key.
+    assert "events stream 8 -> 16" in second.stdout, second.stdout
 
 
 def test_bad_config_is_reported(tmp_path: Path) -> None:

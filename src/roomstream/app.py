@@ -2,64 +2,48 @@
 
 from __future__ import annotations
 
-import time
-
 import orjson
 from rich.console import Console
 
 from roomstream.config import Config
-from roomstream.storage import Transaction, connect, prepare_database
-from roomstream.streams import StreamSet
+from roomstream.rooms.creation import RoomPreset
+from roomstream.rooms.engine import RoomEngine
 
 
-def _write_invalidation(txn: Transaction, stream_id: int, instance: str, key: str) -> None:
-    txn.execute(
-        "INSERT INTO cache_invalidations (stream_id, instance_name, cache_func, keys,"
-        " invalidation_ts) VALUES (?, ?, ?, ?, ?)",
-        (
-            stream_id,
-            instance,
-            "get_user_by_id",
-            orjson.dumps([key]).decode(),
-            int(time.time() * 1000),
-        ),
-    )
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-async def run_main_job(config: Config, console: Console, once: bool = True) -> int:
-    """Prepare the database, write facts to a stream and read them back through it."""
-    db = connect(config.database)
+async def run_demo(config: Config, console: Console) -> int:
+    """Create a room, send a few events, and show them as the events stream carries them."""
+    engine = await RoomEngine.open(config)
     try:
-        version = await prepare_database(db)
         where = config.database.path if config.database.engine == "sqlite" else config.database.dsn
         console.print(
             f"[bold]roomstream[/bold] instance {config.instance_name!r} on "
-            f"{config.database.engine} ({where}), schema v{version}"
+            f"{config.database.engine} ({where})"
         )
-        streams = await StreamSet.open(db, config.instance_name, config.stream_writers)
-        caches = streams.generator("caches")
-        before = caches.get_position(config.instance_name)
-        for n in range(3):
-            async with caches.reserve() as stream_id:
-                await db.run_interaction(
-                    _write_invalidation,
-                    stream_id,
-                    config.instance_name,
-                    f"@user{n}:{config.server_name}",
-                )
-        after = caches.get_position(config.instance_name)
-        updates, _, _ = await streams.get_updates(
-            "caches", config.instance_name, before, after, 100
+        events = engine.streams.generator("events")
+        before = events.get_position(config.instance_name)
+        alice = f"@alice:{config.server_name}"
+        room_id, _ = await engine.creator.create_room(
+            alice, preset=RoomPreset.PUBLIC_CHAT, name="roomstream demo"
+        )
+        for body in ("hello", "this is roomstream"):
+            await engine.creator.create_event(
+                room_id, alice, "m.room.message", {"msgtype": "m.text", "body": body}
+            )
+        after = events.get_position(config.instance_name)
+        updates, _, _ = await engine.streams.get_updates(
+            "events", config.instance_name, before, after, 1000
         )
         for token, row in updates:
-            console.print(
-                f"RDATA caches {config.instance_name} {token} {orjson.dumps(row).decode()}"
-            )
-        console.print(f"caches stream: {before} -> {after}, linear {caches.get_linear_position()}")
+            line = f"RDATA events {config.instance_name} {token} {orjson.dumps(row).decode()}"
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        state = await engine.store.get_current_state(room_id)
+        console.print(
+            f"room {room_id}: {len(state)} state entries; events stream {before} -> {after}"
+        )
     finally:
-        await db.close()
+        await engine.close()
     return 0
+
+
+async def run_main_job(config: Config, console: Console, once: bool = True) -> int:
+    return await run_demo(config, console)
