@@ -464,7 +464,7 @@ async def test_event_with_unknown_prev_events_is_an_outlier(
     engine: RoomEngine, remote_key: SigningKey
 ) -> None:
     room_id = await _public_room(engine, "11")
-    version, extremities, current = await engine.persister.get_room_state(room_id)
+    version, _, current = await engine.persister.get_room_state(room_id)
     create, pl, jr = (
         current[k]
         for k in [("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")]
