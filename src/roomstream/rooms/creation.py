@@ -118,43 +118,30 @@ class LocalEventCreator:
         create_content: dict[str, Any] = {"room_version": version.identifier}
         if not version.implicit_room_creator:
             create_content["creator"] = creator
-        if version.room_id_from_create_event:
-            create = finalise_local_event(
-                build_event_dict(
-                    version,
-                    event_type="m.room.create",
-                    sender=creator,
-                    content=create_content,
-                    prev_events=[],
-                    auth_events=[],
-                    depth=1,
-                    state_key="",
-                    origin_server_ts=origin_server_ts,
-                ),
+        # v12 derives the room ID from the create event; older versions name it up front.
+        room_id_field = (
+            None
+            if version.room_id_from_create_event
+            else f"!{secrets.token_urlsafe(18)}:{self.server_name}"
+        )
+        create = finalise_local_event(
+            build_event_dict(
                 version,
-                self.server_name,
-                self.signing_key,
-            )
-            room_id = room_id_for_create_event(create)
-        else:
-            room_id = f"!{secrets.token_urlsafe(18)}:{self.server_name}"
-            create = finalise_local_event(
-                build_event_dict(
-                    version,
-                    event_type="m.room.create",
-                    sender=creator,
-                    content=create_content,
-                    prev_events=[],
-                    auth_events=[],
-                    depth=1,
-                    room_id=room_id,
-                    state_key="",
-                    origin_server_ts=origin_server_ts,
-                ),
-                version,
-                self.server_name,
-                self.signing_key,
-            )
+                event_type="m.room.create",
+                sender=creator,
+                content=create_content,
+                prev_events=[],
+                auth_events=[],
+                depth=1,
+                room_id=room_id_field,
+                state_key="",
+                origin_server_ts=origin_server_ts,
+            ),
+            version,
+            self.server_name,
+            self.signing_key,
+        )
+        room_id = room_id_for_create_event(create)
         persister = self.persister
         async with persister.room_lock(room_id):
             results = await persister.persist_room_locked(room_id, [create], False, True)
