@@ -164,3 +164,32 @@ async def test_sqlite_work_does_not_block_the_event_loop(tmp_path: object) -> No
         assert ticks == 5
     finally:
         await db.close()
+
+
+async def test_insert_many_round_trips_types(database: Database) -> None:
+    def create(txn: Transaction) -> None:
+        txn.execute(
+            "CREATE TABLE things (id BIGINT, name TEXT, flag BOOLEAN, note TEXT, raw "
+            + ("BYTEA" if txn.engine_name == "postgres" else "BLOB")
+            + ")"
+        )
+
+    await database.run_interaction(create)
+    rows = [
+        (1, "caf\u00e9 \t tab", True, None, b"\x00\xff{}"),
+        (2**40, "back\\slash, comma", False, "x", b""),
+    ]
+    await database.run_interaction(
+        lambda t: t.insert_many("things", ("id", "name", "flag", "note", "raw"), rows)
+    )
+    back = await database.run_interaction(
+        lambda t: t.query("SELECT id, name, flag, note, raw FROM things ORDER BY id")
+    )
+    assert [(r[0], r[1], bool(r[2]), r[3], bytes(r[4])) for r in back] == rows
+
+
+async def test_insert_many_refuses_odd_identifiers(database: Database) -> None:
+    with pytest.raises(ValueError, match="identifier"):
+        await database.run_interaction(
+            lambda t: t.insert_many("kv; DROP TABLE x", ("k",), [("a",)])
+        )

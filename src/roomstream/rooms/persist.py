@@ -543,35 +543,31 @@ class EventPersister:
                     (room.room_id, room.version.identifier, str(creator)),
                 )
 
-        txn.executemany(
-            "INSERT INTO events (stream_ordering, topological_ordering, event_id, room_id, type,"
-            " state_key, sender, redacts, relates_to, membership, outlier, rejected_reason,"
-            " soft_failed, origin_server_ts, received_ts, instance_name)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        txn.insert_many(
+            "events",
+            (
+                "stream_ordering", "topological_ordering", "event_id", "room_id", "type",
+                "state_key", "sender", "redacts", "relates_to", "membership", "outlier",
+                "rejected_reason", "soft_failed", "origin_server_ts", "received_ts",
+                "instance_name",
+            ),
             event_rows,
+        )  # fmt: skip
+        txn.insert_many("event_json", ("event_id", "room_id", "room_version", "json"), json_rows)
+        txn.insert_many("event_edges", ("event_id", "prev_event_id"), edge_rows)
+        txn.insert_many("event_auth", ("event_id", "auth_id"), auth_rows)
+        txn.insert_many("event_state", ("event_id", "before_group", "after_group"), state_rows)
+        txn.insert_many(
+            "event_auth_chains", ("event_id", "room_id", "chain_id", "sequence_number"), chain_rows
         )
-        txn.executemany(
-            "INSERT INTO event_json (event_id, room_id, room_version, json) VALUES (?, ?, ?, ?)",
-            json_rows,
-        )
-        txn.executemany(
-            "INSERT INTO event_edges (event_id, prev_event_id) VALUES (?, ?)", edge_rows
-        )
-        txn.executemany("INSERT INTO event_auth (event_id, auth_id) VALUES (?, ?)", auth_rows)
-        txn.executemany(
-            "INSERT INTO event_state (event_id, before_group, after_group) VALUES (?, ?, ?)",
-            state_rows,
-        )
-        txn.executemany(
-            "INSERT INTO event_auth_chains (event_id, room_id, chain_id, sequence_number)"
-            " VALUES (?, ?, ?, ?)",
-            chain_rows,
-        )
-        txn.executemany(
-            "INSERT INTO event_auth_chain_links (room_id, origin_chain_id, origin_sequence_number,"
-            " target_chain_id, target_sequence_number) VALUES (?, ?, ?, ?, ?)",
+        txn.insert_many(
+            "event_auth_chain_links",
+            (
+                "room_id", "origin_chain_id", "origin_sequence_number", "target_chain_id",
+                "target_sequence_number",
+            ),
             link_rows,
-        )
+        )  # fmt: skip
         self._apply_redactions_txn(txn, room, contexts, redaction_rows)
 
         if new_extremities is not None:

@@ -78,6 +78,23 @@ class Transaction:
         """
         return self._engine.nextval_many(self._cur, sequence, count)
 
+    def insert_many(
+        self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
+    ) -> None:
+        """Insert rows into ``table`` (plain inserts: no conflict handling); COPY on
+        PostgreSQL."""
+        rows = list(rows)
+        if rows:
+            self._engine.insert_many(self._cur, table, columns, rows)
+
+    def relax_durability(self) -> None:
+        """Let this transaction commit without waiting for its WAL to reach disk.
+
+        Only for transactions whose loss in a crash is harmless, such as drawing sequence
+        values: any later durable commit flushes the log past them anyway.
+        """
+        self._engine.relax_durability(self._cur)
+
     def sequence_value(self, sequence: str) -> int:
         return self._engine.sequence_value(self._cur, sequence)
 

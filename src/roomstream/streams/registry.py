@@ -222,7 +222,8 @@ def get_updates_txn(
     per_table: list[list[Update]] = []
     new_upto = upto_token
     for table in stream.tables:
-        rows = _fetch(txn, stream, table, writer, from_token, upto_token, limit + 1)
+        # Later tables only need rows up to what earlier tables already capped at.
+        rows = _fetch(txn, stream, table, writer, from_token, new_upto, limit + 1)
         if len(rows) > limit:
             first_excluded = rows[limit][0]
             cap = first_excluded - 1
