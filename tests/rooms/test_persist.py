@@ -488,3 +488,63 @@ async def test_event_with_unknown_prev_events_is_an_outlier(
         await engine.store.get_state_at(join.event_id)
     assert join.event_id not in await engine.store.get_forward_extremities(room_id)
     assert ("m.room.member", BOB) not in await engine.store.get_current_state(room_id)
+
+
+async def test_failed_commit_leaves_nothing_and_the_room_recovers(
+    engine: RoomEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    room_id = await _public_room(engine)
+    tip_before = await engine.store.get_forward_extremities(room_id)
+    count_sql = "SELECT COUNT(*) FROM events WHERE room_id = ?"
+    before = await engine.db.run_interaction(lambda t: t.query_one(count_sql, (room_id,))[0])
+    persister = engine.persister
+    original = persister._persist_txn
+    calls = 0
+
+    def failing(txn, orderings, pending):  # type: ignore[no-untyped-def]
+        nonlocal calls
+        calls += 1
+        original(txn, orderings, pending)  # write everything, then fail the transaction
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(persister, "_persist_txn", failing)
+    outcomes = await asyncio.gather(
+        *(
+            engine.creator.create_event(room_id, ALICE, "m.room.message", {"body": str(i)})
+            for i in range(5)
+        ),
+        return_exceptions=True,
+    )
+    assert calls >= 1
+    assert all(isinstance(o, Exception) for o in outcomes), outcomes
+    after = await engine.db.run_interaction(lambda t: t.query_one(count_sql, (room_id,))[0])
+    assert after == before
+    assert await engine.store.get_forward_extremities(room_id) == tip_before
+    monkeypatch.setattr(persister, "_persist_txn", original)
+    # The room is reloaded from the database and carries on from where it really was.
+    created = await engine.creator.create_event(room_id, ALICE, "m.room.message", {"body": "ok"})
+    assert created.event.prev_event_ids == tip_before
+    assert await engine.store.get_forward_extremities(room_id) == [created.event.event_id]
+
+
+async def test_concurrent_senders_across_rooms_share_commits(engine: RoomEngine) -> None:
+    rooms = [await _public_room(engine) for _ in range(4)]
+    results = await asyncio.gather(
+        *(
+            engine.creator.create_event(room, ALICE, "m.room.message", {"body": f"{i}"})
+            for i in range(5)
+            for room in rooms
+        )
+    )
+    orderings = [r.stream_ordering for r in results]
+    assert len(set(orderings)) == len(orderings)
+    for room in rooms:
+        mine = sorted(
+            (r for r in results if r.event.room_id == room), key=lambda r: r.stream_ordering
+        )
+        for prev, event in itertools.pairwise(mine):
+            assert event.event.prev_event_ids == [prev.event.event_id]
+        assert await engine.store.get_forward_extremities(room) == [mine[-1].event.event_id]
+        # Stream order within a room follows the DAG.
+        depths = [r.event.depth for r in mine]
+        assert depths == sorted(depths)

@@ -118,3 +118,44 @@ def test_random_histories_match_a_dict_model(seed: int, steps: int) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(os.path.join(tmp, "s.db")))
+
+
+async def test_churn_starts_fresh_branches_and_stays_small(database: Database) -> None:
+    """Churn on a few keys closes rows; past the slack a full copy starts a new branch,
+    which bounds reads, and storage stays within 2 rows per change."""
+    from roomstream.state.groups import CLOSED_ROWS_SLACK, StateGroupWriter
+
+    members = [("m.room.member", f"@u{i}:hs") for i in range(20)]
+
+    def build(txn: Transaction) -> list[tuple[int, dict[tuple[str, str], str]]]:
+        writer = StateGroupWriter(txn)
+        state = {("m.room.create", ""): "$c"}
+        group = writer.create("!r", None, dict(state))
+        history = [(group, dict(state))]
+        for i in range(CLOSED_ROWS_SLACK * 6):
+            key = members[i % len(members)]
+            state[key] = f"$e{i}"
+            group = writer.create("!r", group, {key: f"$e{i}"}, history[-1][1])
+            history.append((group, dict(state)))
+        writer.finish()
+        return history
+
+    history = await database.run_interaction(build)
+    changes = len(history)
+    counts = await database.run_interaction(
+        lambda t: t.query_one(
+            "SELECT (SELECT COUNT(*) FROM state_entries), (SELECT COUNT(*) FROM state_branches)"
+        )
+    )
+    entries, branches = int(counts[0]), int(counts[1])
+    assert branches > 1, "churn past the slack must start a fresh branch"
+    assert entries <= 2 * changes
+    # Every branch keeps at most `slack` closed rows beyond its live ones.
+    worst = await database.run_interaction(
+        lambda t: t.query_one("SELECT MAX(closed_rows - live_rows) FROM state_branches")[0]
+    )
+    assert worst <= CLOSED_ROWS_SLACK
+    for group, expected in [*history[:: len(history) // 25], history[-1]]:
+        assert await database.run_interaction(get_state_txn, group) == expected
+        key = members[3]
+        assert await database.run_interaction(get_state_entry_txn, group, key) == expected.get(key)

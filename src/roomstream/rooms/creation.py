@@ -73,7 +73,7 @@ class LocalEventCreator:
             prevs = sorted(extremities)[:MAX_PREV_EVENTS]
             keys = auth_types_for_event(version, event_type, state_key, sender, content)
             auth_ids = [current[k] for k in keys if k in current]
-            prev_events = await persister.store.get_events(prevs)
+            prev_events = await persister.get_events(prevs)
             depth = min(max((e.depth for e in prev_events.values()), default=0) + 1, MAX_DEPTH)
             event = finalise_local_event(
                 build_event_dict(
@@ -94,11 +94,13 @@ class LocalEventCreator:
                 self.signing_key,
             )
             auth_needed = {k: current[k] for k in [*keys, CREATE_KEY] if k in current}
-            auth_events = await persister.store.get_events(auth_needed.values())
+            auth_events = await persister.get_events(auth_needed.values())
             check_auth_rules(event, {k: auth_events[v] for k, v in auth_needed.items()})
-            results = await persister.persist_room_locked(
+            committed = await persister.prepare_room_locked(
                 room_id, [event], backfilled=False, local=True
             )
+        # The next event of the room can be built while this one commits.
+        results = await committed
         return CreatedEvent(event, _only(results, event).stream_ordering)
 
     async def create_room(

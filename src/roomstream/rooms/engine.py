@@ -50,6 +50,7 @@ class RoomEngine:
         return cls(database, streams, config.server_name, config.instance_name, key)
 
     async def close(self) -> None:
+        await self.streams.flush()
         await self.db.close()
 
     async def parse_received(self, raw: bytes, version: RoomVersion | str | None = None) -> Event:

@@ -49,8 +49,8 @@ from roomstream.rooms.store import (
 )
 from roomstream.state.auth_chain_index import AuthChainIndex, ChainLink, ChainPosition
 from roomstream.state.groups import (
+    StateGroupWriter,
     StateMap,
-    create_state_group_txn,
     get_state_entry_txn,
     get_state_txn,
     state_delta,
@@ -70,6 +70,10 @@ class PendingGroup:
 
     parent: GroupRef
     delta: dict[StateKey, str | None]
+    #: The parent's full state, when known in memory (saves a read if a copy is due).
+    parent_state: StateMap | None = None
+    #: This group's full state while it is not yet stored.
+    state: StateMap | None = None
     group_id: int | None = None
 
 
@@ -108,10 +112,31 @@ class _Room:
 
     room_id: str
     version: RoomVersion
-    extremities: set[str]
+    #: Forward extremity -> the state group after it (None for outliers, never stored).
+    extremities: dict[str, GroupRef]
     current: StateMap
     current_group: GroupRef
     index: AuthChainIndex
+    #: Set when a batch built on this in-memory state failed to commit.
+    poisoned: bool = False
+
+
+@dataclass(eq=False)
+class _Pending:
+    """Events of one room, decided and waiting for the committer."""
+
+    room: _Room
+    contexts: list[_Context]
+    backfilled: bool
+    new_extremities: set[str] | None
+    new_current: tuple[GroupRef, StateMap] | None
+    old_current: StateMap
+    results: dict[str, PersistedEvent]
+    future: asyncio.Future[dict[str, PersistedEvent]]
+
+
+#: Most events the committer writes in one transaction.
+MAX_COMMIT_EVENTS = 1000
 
 
 def _group_id(ref: GroupRef) -> int | None:
@@ -150,6 +175,11 @@ class EventPersister:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._rooms = LruCache(room_cache_size)
         self._states = LruCache(state_cache_size)  # str(group id) -> StateMap
+        # Decided but not yet committed: the queue, and its events by ID (later events
+        # are built on top of them before they are stored).
+        self._queue: list[_Pending] = []
+        self._uncommitted: dict[str, Event] = {}
+        self._committer: asyncio.Task[None] | None = None
 
     def room_lock(self, room_id: str) -> asyncio.Lock:
         return self._locks[room_id]
@@ -171,67 +201,149 @@ class EventPersister:
 
         async def one_room(room_id: str, room_events: list[Event]) -> None:
             async with self.room_lock(room_id):
-                results.update(
-                    await self.persist_room_locked(room_id, room_events, backfilled, local)
-                )
+                waiting = await self.prepare_room_locked(room_id, room_events, backfilled, local)
+            results.update(await waiting)
 
         await asyncio.gather(*(one_room(r, evs) for r, evs in by_room.items()))
         return [results[e.event_id] for e in events]
 
     async def persist_room_locked(
-        self,
-        room_id: str,
-        events: Sequence[Event],
-        backfilled: bool,
-        local: bool,
-        *,
-        state_before_hint: tuple[GroupRef, StateMap] | None = None,
+        self, room_id: str, events: Sequence[Event], backfilled: bool, local: bool
     ) -> dict[str, PersistedEvent]:
-        """Persist events of one room; the caller holds :meth:`room_lock`."""
+        """Persist events of one room and wait for the commit; the caller holds the lock."""
+        return await (await self.prepare_room_locked(room_id, events, backfilled, local))
+
+    async def prepare_room_locked(
+        self, room_id: str, events: Sequence[Event], backfilled: bool, local: bool
+    ) -> asyncio.Future[dict[str, PersistedEvent]]:
+        """Decide the fate and state of events of one room and queue them for commit.
+
+        The caller holds :meth:`room_lock` and may release it before awaiting the returned
+        future: the room's in-memory state already includes these events, so the next
+        events of the room can be built on top of them while they commit. If their commit
+        fails, the future raises, and so does every later queued batch of the room.
+        """
+        loop = asyncio.get_running_loop()
         unique = list({e.event_id: e for e in events}.values())
-        existing = await self.store.get_meta([e.event_id for e in unique])
-        results = {
-            event_id: PersistedEvent(
-                event_id,
-                meta.stream_ordering,
-                meta.rejected_reason,
-                meta.soft_failed,
-                meta.outlier,
-                new=False,
-            )
-            for event_id, meta in existing.items()
-        }
-        fresh = [e for e in unique if e.event_id not in existing]
+        results: dict[str, PersistedEvent] = {}
+        queued = {e.event_id for e in unique if e.event_id in self._uncommitted}
+        if not local:
+            # Local events were just built: their IDs hash prev events that only now exist.
+            for event_id, meta in (await self.store.get_meta([e.event_id for e in unique])).items():
+                results[event_id] = PersistedEvent(
+                    event_id,
+                    meta.stream_ordering,
+                    meta.rejected_reason,
+                    meta.soft_failed,
+                    meta.outlier,
+                    new=False,
+                )
+        fresh = [e for e in unique if e.event_id not in results and e.event_id not in queued]
+        future: asyncio.Future[dict[str, PersistedEvent]] = loop.create_future()
+        if queued:
+            # Already on its way to the database from another caller: wait for that.
+            others = [
+                p.future for p in self._queue if queued & {c.event.event_id for c in p.contexts}
+            ]
+            for other in others:
+                done = await asyncio.shield(other)
+                results.update((k, v) for k, v in done.items() if k in queued)
         if not fresh:
-            return results
+            future.set_result(results)
+            return future
         room = await self._load_room(room_id, fresh)
         try:
             contexts, new_extremities, new_current = await self._compute_contexts(
-                room, _sort_events(fresh), backfilled, local, state_before_hint
+                room, _sort_events(fresh), backfilled, local
             )
-            generator = self.streams.generator("backfill" if backfilled else "events")
-            async with generator.reserve_many(len(contexts)) as orderings:
-                await self.db.run_interaction(
-                    self._persist_txn, room, contexts, orderings, new_extremities, new_current
-                )
         except BaseException:
-            # In-memory bookkeeping (chain index, state) may hold the failed batch: forget
-            # the room so the next batch reloads it from the database.
-            self._rooms.pop(room_id, None)
+            # The chain index may hold part of the batch: reload the room next time.
+            self._forget_room(room)
             raise
+        if room.poisoned:
+            raise RuntimeError(f"an earlier batch of {room_id} failed to commit; retry")
+        pending = _Pending(
+            room,
+            contexts,
+            backfilled,
+            None if new_extremities is None else set(new_extremities),
+            new_current,
+            room.current,
+            results,
+            future,
+        )
+        # The room now includes these events, for whatever is built on it next.
         if new_extremities is not None:
             room.extremities = new_extremities
         if new_current is not None:
             room.current_group, room.current = new_current
         for ctx in contexts:
-            if ctx.state_after is not None and ctx.after is not None:
-                self._states.put(str(_group_id(ctx.after)), ctx.state_after)
-        self.store.cache_events(ctx.event for ctx in contexts)
-        for ctx, ordering in zip(contexts, orderings, strict=True):
-            results[ctx.event.event_id] = PersistedEvent(
+            self._uncommitted[ctx.event.event_id] = ctx.event
+        self._queue.append(pending)
+        if self._committer is None or self._committer.done():
+            self._committer = loop.create_task(self._commit_loop())
+        return future
+
+    def _forget_room(self, room: _Room) -> None:
+        room.poisoned = True
+        if self._rooms.get(room.room_id) is room:
+            del self._rooms[room.room_id]
+
+    async def _commit_loop(self) -> None:
+        """Commit queued batches, many at once, in queue order."""
+        while self._queue:
+            backfilled = self._queue[0].backfilled
+            batch: list[_Pending] = []
+            count = 0
+            while self._queue and self._queue[0].backfilled == backfilled:
+                if batch and count + len(self._queue[0].contexts) > MAX_COMMIT_EVENTS:
+                    break
+                batch.append(self._queue.pop(0))
+                count += len(batch[-1].contexts)
+            generator = self.streams.generator("backfill" if backfilled else "events")
+            try:
+                orderings, _ = await generator.run_with_ids(count, self._commit_txn, batch)
+            except BaseException as exc:
+                failed_rooms = {p.room.room_id for p in batch}
+                dependents = [p for p in self._queue if p.room.room_id in failed_rooms]
+                self._queue = [p for p in self._queue if p.room.room_id not in failed_rooms]
+                for p in batch + dependents:
+                    self._forget_room(p.room)
+                    for ctx in p.contexts:
+                        self._uncommitted.pop(ctx.event.event_id, None)
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            offset = 0
+            for p in batch:
+                self._after_commit(p, orderings[offset : offset + len(p.contexts)])
+                offset += len(p.contexts)
+
+    def _commit_txn(self, txn: Transaction, orderings: list[int], batch: list[_Pending]) -> None:
+        offset = 0
+        for p in batch:
+            n = len(p.contexts)
+            self._persist_txn(txn, orderings[offset : offset + n], p)
+            offset += n
+
+    def _after_commit(self, p: _Pending, orderings: list[int]) -> None:
+        for ctx in p.contexts:
+            self._uncommitted.pop(ctx.event.event_id, None)
+            if isinstance(ctx.after, PendingGroup):
+                # Stored now: keep its state in the group cache, not on the group object.
+                ctx.after.parent_state = None
+                if ctx.after.state is not None and ctx.after.group_id is not None:
+                    self._states.put(str(ctx.after.group_id), ctx.after.state)
+                ctx.after.state = None
+        self.store.cache_events(ctx.event for ctx in p.contexts)
+        for ctx, ordering in zip(p.contexts, orderings, strict=True):
+            p.results[ctx.event.event_id] = PersistedEvent(
                 ctx.event.event_id, ordering, ctx.rejected_reason, ctx.soft_failed, ctx.outlier
             )
-        return results
+        if not p.future.done():
+            p.future.set_result(p.results)
 
     async def get_room_state(self, room_id: str) -> tuple[RoomVersion, set[str], StateMap]:
         """The room's version, forward extremities and current state (from memory)."""
@@ -250,44 +362,49 @@ class EventPersister:
             if create is None:
                 raise LookupError(f"unknown room {room_id} and no create event in the batch")
             version = create.room_version
-            room = _Room(room_id, version, set(), {}, None, AuthChainIndex())
+            room = _Room(room_id, version, {}, {}, None, AuthChainIndex())
         else:
             version_id, extremities, current, positions, links = loaded
             room = _Room(
                 room_id,
                 room_version(version_id),
-                extremities,
+                {},
                 current,
                 None,
                 AuthChainIndex.load(positions, links),
             )
+            groups = await self.store.get_state_groups(extremities)
+            room.extremities = {e: groups[e][1] if e in groups else None for e in extremities}
             if len(extremities) == 1:
-                (extremity,) = extremities
-                groups = await self.store.get_state_groups([extremity])
-                if extremity in groups:
-                    room.current_group = groups[extremity][1]
+                room.current_group = next(iter(room.extremities.values()))
         self._rooms.put(room_id, room)
         return room
 
     async def _state_of(self, ref: GroupRef, contexts: Mapping[str, _Context]) -> StateMap:
         if ref is None:
             return {}
+        if isinstance(ref, PendingGroup) and ref.group_id is not None:
+            ref = ref.group_id  # created by an earlier batch
         if isinstance(ref, PendingGroup):
-            for ctx in contexts.values():
-                if ctx.after is ref and ctx.state_after is not None:
-                    return ctx.state_after
-            raise RuntimeError("pending state group without its state")
+            if ref.state is None:
+                raise RuntimeError("pending state group without its state")
+            return ref.state
         cached: StateMap | None = self._states.get_recent(str(ref))
         if cached is None:
             cached = await self.db.run_interaction(get_state_txn, ref)
             self._states.put(str(ref), cached)
         return cached
 
+    async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]:
+        """Events by ID, including those queued for commit but not yet stored."""
+        return await self._events(event_ids, {})
+
     async def _events(
         self, ids: Iterable[str], contexts: Mapping[str, _Context]
     ) -> dict[str, Event]:
         ids = list(ids)
         found = {i: contexts[i].event for i in ids if i in contexts}
+        found.update((i, self._uncommitted[i]) for i in ids if i in self._uncommitted)
         rest = [i for i in ids if i not in found]
         if rest:
             found.update(await self.store.get_events(rest))
@@ -301,8 +418,7 @@ class EventPersister:
         events: list[Event],
         backfilled: bool,
         local: bool,
-        hint: tuple[GroupRef, StateMap] | None,
-    ) -> tuple[list[_Context], set[str] | None, tuple[GroupRef, StateMap] | None]:
+    ) -> tuple[list[_Context], dict[str, GroupRef] | None, tuple[GroupRef, StateMap] | None]:
         """Decide each event's fate and state, in order, as if persisted one by one.
 
         Returns the contexts, and the room's new forward extremities and current state
@@ -314,16 +430,25 @@ class EventPersister:
             a for e in events for a in effective_auth_event_ids(e)
         }
         referenced -= set(ids)
-        known_meta = await self.store.get_meta(referenced)
-        known_groups = await self.store.get_state_groups(referenced)
-        rejected = {i for i, m in known_meta.items() if m.rejected_reason is not None}
+        # What the room's in-memory extremities answer needs no query; a local event's
+        # auth events come from the current state, which holds no rejected events.
+        prev_ids = {p for e in events for p in e.prev_event_ids} - set(ids)
+        known_groups: dict[str, tuple[GroupRef, GroupRef]] = {
+            e: (g, g) for e, g in room.extremities.items() if e in prev_ids and g is not None
+        }
+        rest = [r for r in prev_ids if r not in known_groups]
+        if rest:
+            known_groups.update(await self.store.get_state_groups(rest))
+        rejected: set[str] = set()
+        if not local:
+            known_meta = await self.store.get_meta(referenced)
+            rejected = {i for i, m in known_meta.items() if m.rejected_reason is not None}
         # Events some stored event already names as a prev can never be extremities.
-        named_as_prev = await self.db.run_interaction(_referenced_txn, ids)
-        extremities, current, current_group = (
-            set(room.extremities),
-            room.current,
-            room.current_group,
+        named_as_prev: set[str] = (
+            set() if local else await self.db.run_interaction(_referenced_txn, ids)
         )
+        extremities: dict[str, GroupRef] = dict(room.extremities)
+        current, current_group = room.current, room.current_group
         changed = False
 
         for event in events:
@@ -356,12 +481,6 @@ class EventPersister:
             elif not prevs or len(prev_groups) < len(prevs):
                 ctx.outlier = True
                 continue
-            elif (
-                hint is not None
-                and set(prevs) == extremities
-                and (hint[0] is not None or not hint[1])
-            ):
-                ctx.before, state_before = hint
             else:
                 ctx.before, state_before = await self._state_before(room, prev_groups, contexts)
             if ctx.rejected_reason is None:
@@ -373,9 +492,11 @@ class EventPersister:
 
             # The state after it.
             if event.is_state() and ctx.rejected_reason is None:
-                ctx.after = PendingGroup(ctx.before, {event.state_tuple: event.event_id})
                 ctx.state_after = dict(state_before)
                 ctx.state_after[event.state_tuple] = event.event_id
+                ctx.after = PendingGroup(
+                    ctx.before, {event.state_tuple: event.event_id}, state_before, ctx.state_after
+                )
             else:
                 ctx.after = ctx.before
                 ctx.state_after = state_before
@@ -383,11 +504,12 @@ class EventPersister:
             # The room's extremities and current state after this event.
             if backfilled or ctx.rejected_reason or ctx.soft_failed:
                 continue
-            extremities -= set(prevs)
+            for prev in prevs:
+                extremities.pop(prev, None)
             if event.event_id not in named_as_prev:
-                extremities.add(event.event_id)
+                extremities[event.event_id] = ctx.after
             changed = True
-            if extremities == {event.event_id}:
+            if len(extremities) == 1 and event.event_id in extremities:
                 current_group, current = ctx.after, ctx.state_after
             else:
                 refs = await self._extremity_groups(extremities, contexts)
@@ -397,17 +519,9 @@ class EventPersister:
         return list(contexts.values()), extremities, (current_group, current)
 
     async def _extremity_groups(
-        self, extremities: set[str], contexts: Mapping[str, _Context]
+        self, extremities: Mapping[str, GroupRef], contexts: Mapping[str, _Context]
     ) -> list[GroupRef]:
-        stored = await self.store.get_state_groups([e for e in extremities if e not in contexts])
-        refs: list[GroupRef] = []
-        for extremity in sorted(extremities):
-            if extremity in contexts:
-                if not contexts[extremity].outlier:
-                    refs.append(contexts[extremity].after)
-            elif extremity in stored:
-                refs.append(stored[extremity][1])
-        return refs
+        return [g for _, g in sorted(extremities.items()) if g is not None]
 
     async def _state_before(
         self, room: _Room, prev_groups: list[GroupRef], contexts: Mapping[str, _Context]
@@ -430,7 +544,10 @@ class EventPersister:
         best = min(range(len(refs)), key=lambda i: len(state_delta(states[i], resolved)))
         if states[best] == resolved:
             return refs[best], states[best]
-        return PendingGroup(refs[best], state_delta(states[best], resolved)), resolved
+        merged = PendingGroup(
+            refs[best], state_delta(states[best], resolved), states[best], resolved
+        )
+        return merged, resolved
 
     async def _auth_against(
         self,
@@ -457,15 +574,9 @@ class EventPersister:
 
     # -- the transaction -------------------------------------------------------------
 
-    def _persist_txn(
-        self,
-        txn: Transaction,
-        room: _Room,
-        contexts: list[_Context],
-        orderings: list[int],
-        new_extremities: set[str] | None,
-        new_current: tuple[GroupRef, StateMap] | None,
-    ) -> None:
+    def _persist_txn(self, txn: Transaction, orderings: list[int], p: _Pending) -> None:
+        room, contexts = p.room, p.contexts
+        new_extremities, new_current = p.new_extremities, p.new_current
         now = int(time.time() * 1000)
         # State groups, parents first (pending groups reference earlier ones).
         pending: list[PendingGroup] = []
@@ -474,10 +585,12 @@ class EventPersister:
                 _collect_pending(ref, pending)
         if new_current is not None:
             _collect_pending(new_current[0], pending)
+        groups = StateGroupWriter(txn)
         for group in pending:
-            group.group_id = create_state_group_txn(
-                txn, room.room_id, _group_id(group.parent), group.delta
+            group.group_id = groups.create(
+                room.room_id, _group_id(group.parent), group.delta, group.parent_state
             )
+        groups.finish()
 
         event_rows: list[tuple[Any, ...]] = []
         json_rows: list[tuple[str, str, str, bytes]] = []
@@ -577,7 +690,9 @@ class EventPersister:
                 [(room.room_id, e) for e in sorted(new_extremities)],
             )
         if new_current is not None:
-            self._update_current_state_txn(txn, room, new_current[1], contexts, orderings)
+            self._update_current_state_txn(
+                txn, room, p.old_current, new_current[1], contexts, orderings
+            )
 
     def _apply_redactions_txn(
         self,
@@ -638,11 +753,12 @@ class EventPersister:
         self,
         txn: Transaction,
         room: _Room,
+        old_state: StateMap,
         new_state: StateMap,
         contexts: list[_Context],
         orderings: list[int],
     ) -> None:
-        delta = state_delta(room.current, new_state)
+        delta = state_delta(old_state, new_state)
         if not delta:
             return
         stream_id = max(orderings)
@@ -661,33 +777,32 @@ class EventPersister:
                         chunk,
                     )
                 )
-        for (etype, state_key), event_id in sorted(delta.items()):
-            if event_id is None:
-                txn.execute(
-                    "DELETE FROM current_state_events WHERE room_id = ? AND type = ?"
-                    " AND state_key = ?",
-                    (room.room_id, etype, state_key),
-                )
-            else:
-                txn.execute(
-                    "INSERT INTO current_state_events (room_id, type, state_key, event_id,"
-                    " membership) VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key)"
-                    " DO UPDATE SET event_id = excluded.event_id, membership = excluded.membership",
-                    (room.room_id, etype, state_key, event_id, members.get(event_id)),
-                )
-            txn.execute(
-                "INSERT INTO current_state_delta_stream (stream_id, instance_name, room_id, type,"
-                " state_key, event_id, prev_event_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    stream_id,
-                    self.instance_name,
-                    room.room_id,
-                    etype,
-                    state_key,
-                    event_id,
-                    room.current.get((etype, state_key)),
-                ),
-            )
+        removed = [(room.room_id, k[0], k[1]) for k, v in sorted(delta.items()) if v is None]
+        txn.executemany(
+            "DELETE FROM current_state_events WHERE room_id = ? AND type = ? AND state_key = ?",
+            removed,
+        )
+        txn.executemany(
+            "INSERT INTO current_state_events (room_id, type, state_key, event_id, membership)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room_id, type, state_key) DO UPDATE SET"
+            " event_id = excluded.event_id, membership = excluded.membership",
+            [
+                (room.room_id, k[0], k[1], v, members.get(v))
+                for k, v in sorted(delta.items())
+                if v is not None
+            ],
+        )
+        txn.insert_many(
+            "current_state_delta_stream",
+            (
+                "stream_id", "instance_name", "room_id", "type", "state_key", "event_id",
+                "prev_event_id",
+            ),
+            [
+                (stream_id, self.instance_name, room.room_id, k[0], k[1], v, old_state.get(k))
+                for k, v in sorted(delta.items())
+            ],
+        )  # fmt: skip
 
 
 def _collect_pending(ref: GroupRef, out: list[PendingGroup]) -> None:

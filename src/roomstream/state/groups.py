@@ -14,7 +14,9 @@ Invariants:
   above every existing version of their branch);
 - one state event adds one row; only forks add a branch row, and only resolved merges
   that differ from every parent add more than one row per group;
-- base chains are at most ``MAX_BRANCH_DEPTH`` long: a deeper fork starts from a full copy.
+- base chains are at most ``MAX_BRANCH_DEPTH`` long, and a branch holds at most
+  ``CLOSED_ROWS_SLACK`` closed rows beyond its live ones: past either, the next group
+  starts a fresh branch from a full copy (at most one copied row per closed row).
 
 Functions here run inside a :class:`~roomstream.storage.Transaction`.
 """
@@ -32,76 +34,164 @@ StateDelta = Mapping[StateKey, str | None]
 
 OPEN = 2**62  # to_seq of an entry still alive at the branch tip
 MAX_BRANCH_DEPTH = 16
+#: A branch may hold this many closed rows beyond its live ones before the next change
+#: starts a fresh branch from a full copy. Bounds what a read scans (about twice the live
+#: state) while adding at most one stored row per closed row.
+CLOSED_ROWS_SLACK = 64
 
 
-def _next_id(txn: Transaction, sequence: str) -> int:
-    return txn.nextval_many(sequence, 1)[0]
+class _Branch:
+    __slots__ = ("branch_id", "closed", "depth", "dirty", "live", "tip")
+
+    def __init__(self, branch_id: int, tip: int, depth: int, live: int, closed: int) -> None:
+        self.branch_id = branch_id
+        self.tip = tip
+        self.depth = depth
+        self.live = live
+        self.closed = closed
+        self.dirty = False
+
+
+class StateGroupWriter:
+    """Creates state groups within one transaction, caching branch data between calls
+    and writing each branch's bookkeeping once, in :meth:`finish`."""
+
+    def __init__(self, txn: Transaction) -> None:
+        self.txn = txn
+        self._versions: dict[int, tuple[int, int]] = {}
+        self._branches: dict[int, _Branch] = {}
+
+    def create(
+        self,
+        room_id: str,
+        parent_group: int | None,
+        delta: StateDelta,
+        parent_state: Mapping[StateKey, str] | None = None,
+    ) -> int:
+        """A new group equal to ``parent_group``'s state with ``delta`` applied.
+
+        ``parent_state`` (the parent's full state, if the caller has it in memory) saves
+        a read when a full copy is due.
+        """
+        txn = self.txn
+        if parent_group is None:
+            branch = self._new_branch(room_id, None, None, 0)
+            seq = 1
+            self._insert(branch, seq, {k: v for k, v in delta.items() if v is not None})
+        else:
+            parent_branch, parent_seq = self._version(parent_group)
+            info = self._branch(parent_branch)
+            at_tip = parent_seq == info.tip
+            if at_tip and info.closed + len(delta) <= info.live + CLOSED_ROWS_SLACK:
+                branch, seq = info, info.tip + 1
+                closes = [(seq, info.branch_id, k[0], k[1], OPEN) for k in delta]
+                # "+ 0" keeps planners on the (branch, type, state_key) index: the
+                # (branch, to_seq) one would scan every live row of the branch.
+                txn.executemany(
+                    "UPDATE state_entries SET to_seq = ? WHERE branch_id = ? AND type = ?"
+                    " AND state_key = ? AND to_seq + 0 = ?",
+                    closes,
+                )
+                closed = max(txn.rowcount, 0)  # both drivers sum executemany's rows
+                info.closed += closed
+                info.live -= closed
+                info.tip = seq
+                info.dirty = True
+                self._insert(info, seq, delta)
+            elif at_tip or info.depth + 1 > MAX_BRANCH_DEPTH:
+                # Too much history in the branch (or too deep a base chain): a fresh
+                # branch starting from a full copy.
+                full = (
+                    dict(parent_state)
+                    if parent_state is not None
+                    else get_state_txn(txn, parent_group)
+                )
+                for key, value in delta.items():
+                    if value is None:
+                        full.pop(key, None)
+                    else:
+                        full[key] = value
+                branch = self._new_branch(room_id, None, None, 0)
+                seq = 1
+                self._insert(branch, seq, full)
+            else:
+                branch = self._new_branch(room_id, parent_branch, parent_seq, info.depth + 1)
+                seq = 1
+                self._insert(branch, seq, delta)
+        group = txn.nextval_many("state_group_id_seq", 1)[0]
+        txn.execute(
+            "INSERT INTO state_groups (state_group, room_id, branch_id, seq) VALUES (?, ?, ?, ?)",
+            (group, room_id, branch.branch_id, seq),
+        )
+        self._versions[group] = (branch.branch_id, seq)
+        return group
+
+    def finish(self) -> None:
+        """Write the branches' tips and row counts. Call once, before committing."""
+        rows = [(b.tip, b.live, b.closed, b.branch_id) for b in self._branches.values() if b.dirty]
+        self.txn.executemany(
+            "UPDATE state_branches SET tip_seq = ?, live_rows = ?, closed_rows = ?"
+            " WHERE branch_id = ?",
+            rows,
+        )
+        for b in self._branches.values():
+            b.dirty = False
+
+    def _version(self, group: int) -> tuple[int, int]:
+        version = self._versions.get(group)
+        if version is None:
+            version = _version(self.txn, group)
+            self._versions[group] = version
+        return version
+
+    def _branch(self, branch_id: int) -> _Branch:
+        info = self._branches.get(branch_id)
+        if info is None:
+            row = self.txn.query_one(
+                "SELECT tip_seq, depth, live_rows, closed_rows FROM state_branches"
+                " WHERE branch_id = ?",
+                (branch_id,),
+            )
+            info = _Branch(branch_id, int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+            self._branches[branch_id] = info
+        return info
+
+    def _new_branch(
+        self, room_id: str, base: int | None, base_seq: int | None, depth: int
+    ) -> _Branch:
+        branch_id = self.txn.nextval_many("state_branch_id_seq", 1)[0]
+        self.txn.execute(
+            "INSERT INTO state_branches (branch_id, room_id, base_branch_id, base_seq, depth,"
+            " tip_seq) VALUES (?, ?, ?, ?, ?, 1)",
+            (branch_id, room_id, base, base_seq, depth),
+        )
+        info = _Branch(branch_id, 1, depth, 0, 0)
+        info.dirty = True
+        self._branches[branch_id] = info
+        return info
+
+    def _insert(self, branch: _Branch, seq: int, delta: StateDelta) -> None:
+        self.txn.insert_many(
+            "state_entries",
+            ("branch_id", "type", "state_key", "event_id", "from_seq", "to_seq"),
+            [(branch.branch_id, k[0], k[1], v, seq, OPEN) for k, v in delta.items()],
+        )
+        branch.live += len(delta)
+        branch.dirty = True
 
 
 def create_state_group_txn(
-    txn: Transaction, room_id: str, parent_group: int | None, delta: StateDelta
+    txn: Transaction,
+    room_id: str,
+    parent_group: int | None,
+    delta: StateDelta,
+    parent_state: Mapping[StateKey, str] | None = None,
 ) -> int:
-    """A new group equal to ``parent_group``'s state with ``delta`` applied."""
-    if parent_group is None:
-        branch = _new_branch(txn, room_id, None, None, 0)
-        seq = 1
-        _insert_entries(txn, branch, seq, {k: v for k, v in delta.items() if v is not None})
-    else:
-        branch, parent_seq = _version(txn, parent_group)
-        row = txn.query_one(
-            "SELECT tip_seq, depth FROM state_branches WHERE branch_id = ?", (branch,)
-        )
-        tip_seq, depth = int(row[0]), int(row[1])
-        if parent_seq == tip_seq:
-            seq = tip_seq + 1
-            for (etype, state_key), _ in delta.items():
-                txn.execute(
-                    "UPDATE state_entries SET to_seq = ? WHERE branch_id = ? AND type = ?"
-                    " AND state_key = ? AND to_seq = ?",
-                    (seq, branch, etype, state_key, OPEN),
-                )
-            _insert_entries(txn, branch, seq, delta)
-            txn.execute("UPDATE state_branches SET tip_seq = ? WHERE branch_id = ?", (seq, branch))
-        elif depth + 1 > MAX_BRANCH_DEPTH:
-            full = get_state_txn(txn, parent_group)
-            for key, value in delta.items():
-                if value is None:
-                    full.pop(key, None)
-                else:
-                    full[key] = value
-            branch = _new_branch(txn, room_id, None, None, 0)
-            seq = 1
-            _insert_entries(txn, branch, seq, full)
-        else:
-            branch = _new_branch(txn, room_id, branch, parent_seq, depth + 1)
-            seq = 1
-            _insert_entries(txn, branch, seq, delta)
-    group = _next_id(txn, "state_group_id_seq")
-    txn.execute(
-        "INSERT INTO state_groups (state_group, room_id, branch_id, seq) VALUES (?, ?, ?, ?)",
-        (group, room_id, branch, seq),
-    )
+    """Create one state group (see :class:`StateGroupWriter` for many in a transaction)."""
+    writer = StateGroupWriter(txn)
+    group = writer.create(room_id, parent_group, delta, parent_state)
+    writer.finish()
     return group
-
-
-def _new_branch(
-    txn: Transaction, room_id: str, base: int | None, base_seq: int | None, depth: int
-) -> int:
-    branch = _next_id(txn, "state_branch_id_seq")
-    txn.execute(
-        "INSERT INTO state_branches (branch_id, room_id, base_branch_id, base_seq, depth,"
-        " tip_seq) VALUES (?, ?, ?, ?, ?, 1)",
-        (branch, room_id, base, base_seq, depth),
-    )
-    return branch
-
-
-def _insert_entries(txn: Transaction, branch: int, seq: int, delta: StateDelta) -> None:
-    txn.executemany(
-        "INSERT INTO state_entries (branch_id, type, state_key, event_id, from_seq, to_seq)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        [(branch, k[0], k[1], v, seq, OPEN) for k, v in delta.items()],
-    )
 
 
 def _version(txn: Transaction, group: int) -> tuple[int, int]:

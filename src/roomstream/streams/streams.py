@@ -40,6 +40,11 @@ class StreamSet:
             )
         return cls(database, generators)
 
+    async def flush(self) -> None:
+        """Wait until every local position is stored (before shutting down, say)."""
+        for generator in self._generators.values():
+            await generator.flush()
+
     def generator(self, stream_name: str) -> StreamIdGenerator:
         return self._generators[stream_name]
 

@@ -60,7 +60,9 @@ CREATE TABLE state_branches (
     base_branch_id BIGINT,
     base_seq BIGINT,
     depth INTEGER NOT NULL,
-    tip_seq BIGINT NOT NULL
+    tip_seq BIGINT NOT NULL,
+    live_rows BIGINT NOT NULL DEFAULT 0,
+    closed_rows BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE state_groups (
     state_group BIGINT NOT NULL PRIMARY KEY,
@@ -78,7 +80,9 @@ CREATE TABLE state_entries (
     to_seq BIGINT NOT NULL
 );
 CREATE INDEX state_entries_key ON state_entries (branch_id, type, state_key, from_seq);
-CREATE INDEX state_entries_alive ON state_entries (branch_id, to_seq, from_seq);
+-- Covering, so a full read never touches the table.
+CREATE INDEX state_entries_alive ON state_entries
+    (branch_id, to_seq, from_seq, type, state_key, event_id);
 
 -- The state before and after each (non-outlier) event.
 CREATE TABLE event_state (
