@@ -483,7 +483,9 @@ class EventPersister:
                 continue
             else:
                 ctx.before, state_before = await self._state_before(room, prev_groups, contexts)
-            if ctx.rejected_reason is None:
+            # Local events were authorized against this very state by their creator (under
+            # the room lock); everything else is checked against the state before it.
+            if ctx.rejected_reason is None and not (local and state_before is current):
                 ctx.rejected_reason = await self._auth_against(room, event, state_before, contexts)
             # 3. Soft failure against the current state, for events from elsewhere.
             if ctx.rejected_reason is None and not local and not backfilled:
