@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml scripts/system-deps.sh
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/roomstream run
+	$(BIN)/roomstream run --demo
 
 lint: setup
 	$(BIN)/ruff check src tests bench

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
+import aiohttp
 import orjson
 from rich.console import Console
 
@@ -45,5 +49,43 @@ async def run_demo(config: Config, console: Console) -> int:
     return 0
 
 
-async def run_main_job(config: Config, console: Console, once: bool = True) -> int:
-    return await run_demo(config, console)
+async def run_with_demo_traffic(config: Config, console: Console) -> int:
+    """Run the instance and, through its own internal HTTP API, create a room and send a
+    message every 2 seconds, so a person watching the replication port sees RDATA."""
+    from roomstream.replication.http import InternalHttpClient
+    from roomstream.replication.worker import run_instance
+
+    stop = asyncio.Event()
+    instance = asyncio.create_task(run_instance(config, console, stop=stop))
+    client = InternalHttpClient(config)
+    me = config.instance()
+    try:
+        while True:  # readiness: the health endpoint answers
+            if instance.done():
+                return instance.result()
+            try:
+                await client.health(config.instance_name)
+                break
+            except (OSError, aiohttp.ClientError):
+                await asyncio.sleep(0.1)  # polling a server that is starting
+        console.print(
+            f"watch the events stream: nc 127.0.0.1 {me.replication_port}  (Ctrl-C stops)",
+            markup=False,
+            highlight=False,
+        )
+        alice = f"@alice:{config.server_name}"
+        room_id = await client.create_room(config.instance_name, alice, "roomstream demo")
+        count = 0
+        while not instance.done():
+            count += 1
+            await client.send_event(
+                room_id, alice, "m.room.message", {"msgtype": "m.text", "body": f"tick {count}"}
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(instance), 2.0)
+        return instance.result()
+    finally:
+        stop.set()
+        await client.close()
+        if not instance.done():
+            await instance

@@ -49,13 +49,20 @@ async def cmd_streams(config: Config, args: argparse.Namespace) -> int:
 
 
 async def cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from roomstream.app import run_main_job
+    from roomstream.app import run_demo, run_with_demo_traffic
+    from roomstream.replication.worker import run_instance
 
-    return await run_main_job(config, console, once=args.once)
+    if args.instance:
+        config = config.with_instance(args.instance)
+    if args.once:
+        return await run_demo(config, console)
+    if args.demo:
+        return await run_with_demo_traffic(config, console)
+    return await run_instance(config, console, record_path=args.record)
 
 
 COMMANDS: dict[str, tuple[Command, str]] = {
-    "run": (cmd_run, "set up the database and run this instance's main job"),
+    "run": (cmd_run, "set up the database and run this instance until interrupted"),
     "migrate": (cmd_migrate, "apply schema migrations and exit"),
     "streams": (cmd_streams, "show stream writers and positions"),
 }
@@ -69,7 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
         if name == "run":
+            p.add_argument("--instance", help="instance_name to run as (overrides the file)")
             p.add_argument("--once", action="store_true", help="run the demo job and exit")
+            p.add_argument(
+                "--demo", action="store_true", help="also send demo events every 2 seconds"
+            )
+            p.add_argument("--record", help="append processed stream facts to a JSON-lines file")
     return parser
 
 

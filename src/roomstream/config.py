@@ -11,8 +11,8 @@ Example (every key optional)::
       dsn: postgresql://postgres@127.0.0.1:5432/roomstream
     stream_writers:                # stream -> the instances that write it
       events: [writer1, writer2]
-    instances:                     # where each instance listens
-      main: {replication_port: 9092, http_port: 8008}
+    instances:                     # where each instance listens (default: main on
+      main: {replication_port: 9092, http_port: 8008}   # 127.0.0.1:9092 and :8008)
     replication:
       transport: tcp               # or redis
       shared_secret: null          # required when a listener binds beyond loopback
@@ -133,6 +133,9 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         str(name): _section(InstanceConfig, spec, f"instances.{name}")
         for name, spec in (raw.get("instances") or {}).items()
     }
+    if "instances" not in raw:
+        # One process, no file: main listens on loopback so `nc 127.0.0.1 9092` works.
+        instances = {"main": InstanceConfig(replication_port=9092, http_port=8008)}
     replication = _section(ReplicationConfig, raw.get("replication"), "replication")
     if replication.transport not in ("tcp", "redis"):
         raise ConfigError("replication.transport must be 'tcp' or 'redis'")

@@ -1,0 +1,283 @@
+"""Replication over Redis pub/sub: every process publishes and every process listens.
+
+As in Synapse, all processes of one homeserver share one channel named after the server
+name (``server_name``); each message is one command line without its ``\\n``. Direction
+rules are permissive (anyone may send anything the codec knows), a process ignores
+``RDATA``/``POSITION`` about its own writes, and every process answers ``REPLICATE`` with
+the positions of the streams it writes.
+
+Each (re)subscription is a new follower session: once Redis confirms the subscription the
+process publishes ``REPLICATE`` (and its own positions, in case others missed them), and
+ignores rows of a stream until that stream's ``POSITION`` arrives, so a resubscribe after
+Redis dropped a slow subscriber catches up through ``get_updates``.
+
+Invariants:
+
+- commands this process publishes reach the channel in the order they were queued; a
+  failed publish is retried (duplicates are harmless: readers drop tokens they have);
+- the publish queue holds at most ``max_outbound_lines`` lines before the broadcaster
+  waits (it reads rows by position, so waiting delays announcements but loses nothing);
+- messages are handled strictly in order; a gap is filled before the next message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from roomstream.replication.commands import (
+    Command,
+    PositionCommand,
+    ProtocolError,
+    RdataCommand,
+    ReplicateCommand,
+    parse_line,
+    serialize,
+)
+from roomstream.replication.follower import (
+    FetchUpdates,
+    FollowerSession,
+    StreamFollower,
+    fill_gap,
+)
+from roomstream.replication.writer import StreamBroadcaster
+
+__all__ = ["RedisReplication", "channel_name"]
+
+logger = logging.getLogger(__name__)
+
+#: Lines published per pipeline round trip.
+PUBLISH_BATCH = 1000
+
+
+def channel_name(server_name: str) -> str:
+    """The pub/sub channel of a homeserver: its server name, as Synapse names it."""
+    return server_name
+
+
+class RedisReplication:
+    """One process's Redis replication link; also the broadcaster's ``Outbound``."""
+
+    def __init__(
+        self,
+        *,
+        server_name: str,
+        instance_name: str,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        db: int = 0,
+        url: str | None = None,
+        follower: StreamFollower | None = None,
+        fetch: FetchUpdates | None = None,
+        broadcaster: StreamBroadcaster | None = None,
+        max_outbound_lines: int = 10_000,
+        on_command: Callable[[Command], None] | None = None,
+        after_batch: Callable[[], None] | None = None,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        fetch_limit: int = 1000,
+    ) -> None:
+        if follower is not None and fetch is None:
+            raise ValueError("a follower needs a fetch function")
+        self.server_name = server_name
+        self.instance_name = instance_name
+        self.channel = channel_name(server_name)
+        self._connect_kwargs: dict[str, Any] = {"host": host, "port": port, "db": db}
+        self._url = url
+        self.follower = follower
+        self._fetch = fetch
+        self.broadcaster = broadcaster
+        self.max_outbound_lines = max_outbound_lines
+        self.on_command = on_command
+        self._after_batch = after_batch
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self.fetch_limit = fetch_limit
+        self._queue: deque[bytes] = deque()
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._space.set()
+        self._publisher: aioredis.Redis | None = None
+        self._subscriber: aioredis.Redis | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.subscribed = asyncio.Event()
+        self.positioned = asyncio.Event()
+        self.subscriptions = 0
+        self.session: FollowerSession | None = None
+
+    def _client(self) -> aioredis.Redis:
+        if self._url is not None:
+            return aioredis.Redis.from_url(self._url)
+        return aioredis.Redis(**self._connect_kwargs)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._publisher = self._client()
+        if self.broadcaster is not None:
+            self.broadcaster.add_outbound(self, always=True)
+        self._tasks.append(asyncio.create_task(self._publish_loop(), name="redis-publish"))
+        self._tasks.append(asyncio.create_task(self._subscribe_loop(), name="redis-subscribe"))
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self.broadcaster is not None:
+            self.broadcaster.remove_outbound(self)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, RedisError):
+                await task
+        for client in (self._subscriber, self._publisher):
+            if client is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await client.aclose()
+
+    async def disconnect(self) -> None:
+        """Drop the subscription (it resubscribes and catches up); for tests."""
+        if self._subscriber is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._subscriber.connection_pool.disconnect()
+
+    # -- publishing (Outbound) ----------------------------------------------------------
+
+    def send(self, cmd: Command) -> None:
+        """Queue one command for the channel."""
+        self._queue.append(serialize(cmd)[:-1])
+        self._wake.set()
+        if len(self._queue) >= self.max_outbound_lines:
+            self._space.clear()
+
+    def send_commands(self, commands: Sequence[Command]) -> None:
+        for cmd in commands:
+            self._queue.append(serialize(cmd)[:-1])
+        self._wake.set()
+        if len(self._queue) >= self.max_outbound_lines:
+            self._space.clear()
+
+    async def drain(self) -> None:
+        while len(self._queue) >= self.max_outbound_lines:
+            self._space.clear()
+            await self._space.wait()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def _publish_loop(self) -> None:
+        failures = 0
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch = [self._queue[i] for i in range(min(PUBLISH_BATCH, len(self._queue)))]
+                try:
+                    await self._publish(batch)
+                except (RedisError, OSError) as exc:
+                    failures += 1
+                    delay = self._delay(failures)
+                    logger.warning("redis publish failed (%s); retry in %.2fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                for _ in batch:
+                    self._queue.popleft()
+                if len(self._queue) < self.max_outbound_lines:
+                    self._space.set()
+
+    async def _publish(self, batch: list[bytes]) -> None:
+        assert self._publisher is not None
+        if len(batch) == 1:
+            await self._publisher.publish(self.channel, batch[0])
+            return
+        pipe = self._publisher.pipeline(transaction=False)
+        for line in batch:
+            pipe.publish(self.channel, line)
+        await pipe.execute()
+
+    def _delay(self, failures: int) -> float:
+        base = min(self._backoff_max, self._backoff_initial * 2 ** max(0, failures - 1))
+        return float(base * random.uniform(0.5, 1.0))
+
+    # -- subscribing --------------------------------------------------------------------
+
+    async def _subscribe_loop(self) -> None:
+        failures = 0
+        while not self._stopping:
+            try:
+                await self._subscribe_once()
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                logger.info("redis subscription lost: %s", exc)
+            except Exception:
+                logger.exception("redis subscription failed")
+            finally:
+                self.subscribed.clear()
+                self.positioned.clear()
+                if self.session is not None:
+                    self.session.closed = True
+            failures += 1
+            await asyncio.sleep(self._delay(failures))
+
+    async def _subscribe_once(self) -> None:
+        client = self._subscriber = self._client()
+        try:
+            pubsub = client.pubsub()
+            await pubsub.subscribe(self.channel)
+            async for message in pubsub.listen():
+                kind = message.get("type")
+                if kind == "subscribe":
+                    self._on_subscribed()
+                elif kind == "message":
+                    await self._on_message(message["data"])
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()
+
+    def _on_subscribed(self) -> None:
+        self.subscriptions += 1
+        self.session = self.follower.new_session() if self.follower is not None else None
+        self.subscribed.set()
+        self.send(ReplicateCommand())
+        if self.broadcaster is not None:
+            # Others may have missed our positions while we were away.
+            self.send_commands(self.broadcaster.positions())
+
+    async def _on_message(self, data: bytes | str) -> None:
+        try:
+            cmd = parse_line(data)
+        except ProtocolError as exc:
+            logger.warning("redis: dropping unparseable line: %s", exc.reason)
+            return
+        cls = type(cmd)
+        session = self.session
+        if cls is RdataCommand or cls is PositionCommand:
+            if session is None:
+                return
+            gap = session.handle(cmd)
+            if cls is PositionCommand and not self.positioned.is_set():
+                assert isinstance(cmd, PositionCommand)
+                if cmd.instance_name != self.instance_name:
+                    self.positioned.set()
+            if gap is not None:
+                assert self._fetch is not None
+                await fill_gap(session, gap, self._fetch, limit=self.fetch_limit)
+            if self._after_batch is not None:
+                self._after_batch()
+            return
+        if cls is ReplicateCommand:
+            if self.broadcaster is not None:
+                self.send_commands(self.broadcaster.positions())
+            return
+        if self.on_command is not None:
+            self.on_command(cmd)

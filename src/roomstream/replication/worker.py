@@ -1,0 +1,425 @@
+"""One roomstream process with replication: writer, reader, or both.
+
+:class:`ReplicationNode` assembles the pieces for the configured instance:
+
+- the room engine (database, streams, event persister);
+- a :class:`~roomstream.replication.writer.StreamBroadcaster` for the streams it writes;
+- a :class:`~roomstream.replication.follower.StreamFollower` over every stream, for the
+  writers other than itself; processing a row applies cache invalidations (``caches``)
+  and optionally appends it to a record file; the ID generators advance as facts are
+  processed, and an idle writer that learns of others' positions stores and announces its
+  own;
+- the transport from the configuration: TCP (a server when it writes anything and has a
+  ``replication_port``; a client per other writer instance with one) or Redis;
+- the internal HTTP API (health, in-memory stream updates, send_event) on ``http_port``.
+
+Run it with :func:`run_instance` (what ``roomstream run`` should call) or
+``python -m roomstream.replication.worker -c CONFIG --instance NAME [--record FILE]``.
+
+The record file (``--record``) holds one JSON object per line, in processing order:
+``{"start": {stream: {writer: token}}}`` first, then ``{"stream", "writer", "token",
+"row"}`` for every processed row and ``{"stream", "linear"}`` whenever a stream's linear
+position moved. It exists so end-to-end tests can check exactly-once, in-order
+processing against the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+from rich.console import Console
+
+from roomstream.caches import STATE_CACHE_GROUP, CacheGroup, CacheRegistry
+from roomstream.config import Config, ConfigError, load_config
+from roomstream.replication.follower import StreamFollower
+from roomstream.replication.http import (
+    InternalHttpClient,
+    InternalHttpServer,
+    StreamTooOldHttpError,
+)
+from roomstream.replication.redis_transport import RedisReplication
+from roomstream.replication.tcp import ReplicationClient, ReplicationServer, TcpSettings
+from roomstream.replication.writer import StreamBroadcaster
+from roomstream.rooms.creation import RoomPreset
+from roomstream.rooms.engine import RoomEngine
+from roomstream.streams import STREAMS, InMemoryStream
+from roomstream.streams.registry import Update
+
+__all__ = ["ReplicationNode", "main", "run_instance"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Recorder:
+    """Appends processed facts to a JSON-lines file (see the module docstring)."""
+
+    def __init__(self, path: str | None) -> None:
+        self._file: IO[bytes] | None = open(path, "ab") if path else None  # noqa: SIM115
+
+    def write(self, doc: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(orjson.dumps(doc) + b"\n")
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            self._file.close()
+            self._file = None
+
+
+class ReplicationNode:
+    """Replication for one instance of ``config`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: RoomEngine,
+        *,
+        record_path: str | None = None,
+        socket_buffer: int | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.instance_name = config.instance_name
+        streams = engine.streams
+        self.memory: dict[str, InMemoryStream] = {
+            name: InMemoryStream(name)
+            for name, stream in STREAMS.items()
+            if stream.in_memory and self.instance_name in config.writers_of(name)
+        }
+        self.broadcaster = StreamBroadcaster(streams, self.instance_name, self.memory)
+        self.caches = CacheRegistry()
+        self.caches.define_group(CacheGroup(STATE_CACHE_GROUP))
+        self._recorder = _Recorder(record_path)
+        self._linear: dict[str, int] = {}
+        self._storing: dict[str, asyncio.Task[None]] = {}
+        self._store_again: set[str] = set()
+        start: dict[tuple[str, str], int] = {}
+        for name in streams.names:
+            generator = streams.generator(name)
+            for writer in generator.writers:
+                if writer != self.instance_name:
+                    start[(name, writer)] = streams.current_token(name, writer)
+            self._linear[name] = generator.get_linear_position()
+        self.follower = StreamFollower(
+            self,
+            list(STREAMS),
+            start,
+            instance_name=self.instance_name,
+            in_memory=[n for n, s in STREAMS.items() if s.in_memory],
+        )
+        self._recorder.write({"start": self.follower.positions()})
+        self.http_client = InternalHttpClient(config)
+        self.settings = TcpSettings(
+            timeout=config.replication.ping_timeout,
+            max_outbound_lines=config.replication.max_outbound_lines,
+            shared_secret=config.replication.shared_secret,
+            socket_buffer=socket_buffer,
+        )
+        self.server: ReplicationServer | None = None
+        self.clients: list[ReplicationClient] = []
+        self.redis: RedisReplication | None = None
+        self.http: InternalHttpServer | None = None
+        self._flusher: asyncio.Task[None] | None = None
+
+    # -- FollowerCallbacks --------------------------------------------------------------
+
+    def process(self, stream_name: str, writer: str, token: int, rows: list[Any]) -> None:
+        if stream_name == "caches":
+            for row in rows:
+                self.caches.apply_row(row)
+        recorder = self._recorder
+        if recorder._file is not None:
+            for row in rows:
+                recorder.write(
+                    {"stream": stream_name, "writer": writer, "token": token, "row": row}
+                )
+
+    def advanced(self, stream_name: str, writer: str, token: int) -> None:
+        streams = self.engine.streams
+        if stream_name not in streams:
+            return
+        generator = streams.generator(stream_name)
+        if writer not in generator.writers:
+            return
+        generator.advance(writer, -token if STREAMS[stream_name].negative else token)
+        linear = generator.get_linear_position()
+        if linear != self._linear.get(stream_name):
+            self._linear[stream_name] = linear
+            self._recorder.write({"stream": stream_name, "linear": linear})
+        if generator.is_writer():
+            self._schedule_store(stream_name)
+
+    def _schedule_store(self, stream_name: str) -> None:
+        """Store (and so announce) the local position, coalescing concurrent requests."""
+        if stream_name in self._storing:
+            self._store_again.add(stream_name)
+            return
+        self._storing[stream_name] = asyncio.create_task(self._store(stream_name))
+
+    async def _store(self, stream_name: str) -> None:
+        generator = self.engine.streams.generator(stream_name)
+        try:
+            while True:
+                self._store_again.discard(stream_name)
+                await generator.store_local_position()
+                if stream_name not in self._store_again:
+                    break
+        except Exception:
+            logger.exception("storing the position of %s failed", stream_name)
+        finally:
+            del self._storing[stream_name]
+
+    # -- fetching missed rows -----------------------------------------------------------
+
+    async def fetch(
+        self, stream_name: str, writer: str, from_token: int, upto_token: int, limit: int
+    ) -> tuple[list[Update], int, bool]:
+        if STREAMS[stream_name].in_memory:
+            try:
+                return await self.http_client.get_updates(
+                    writer, stream_name, from_token, upto_token, limit
+                )
+            except StreamTooOldHttpError:
+                # In-memory rows are ephemeral: skip to the writer's position.
+                logger.warning("%s rows of %s before %s are gone", stream_name, writer, upto_token)
+                self.follower.resets += 1
+                return [], upto_token, False
+        return await self.engine.streams.get_updates(
+            stream_name, writer, from_token, upto_token, limit
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _followed_writer_instances(self) -> list[str]:
+        names: set[str] = set()
+        for stream_name, stream in STREAMS.items():
+            writers = self.config.stream_writers.get(stream_name) or stream.default_writers
+            names.update(writers)
+        names.discard(self.instance_name)
+        return sorted(names)
+
+    async def start(self) -> None:
+        config = self.config
+        me = config.instance()
+        self.broadcaster.start()
+        if config.replication.transport == "redis":
+            self.redis = RedisReplication(
+                server_name=config.server_name,
+                instance_name=self.instance_name,
+                host=config.redis.host,
+                port=config.redis.port,
+                db=config.redis.db,
+                follower=self.follower,
+                fetch=self.fetch,
+                broadcaster=self.broadcaster,
+                max_outbound_lines=config.replication.max_outbound_lines,
+                after_batch=self._recorder.flush,
+            )
+            await self.redis.start()
+        else:
+            if self.broadcaster.stream_names and me.replication_port is not None:
+                self.server = ReplicationServer(config.server_name, self.broadcaster, self.settings)
+                port = await self.server.start(me.host, me.replication_port)
+                logger.info("replication listening on %s:%d", me.host, port)
+            for name in self._followed_writer_instances():
+                instance = config.instances.get(name)
+                if instance is None or not instance.replication_port:
+                    logger.info("not following %s: no replication_port configured", name)
+                    continue
+                client = ReplicationClient(
+                    instance.host,
+                    instance.replication_port,
+                    client_name=self.instance_name,
+                    expected_server_name=config.server_name,
+                    follower=self.follower,
+                    fetch=self.fetch,
+                    settings=self.settings,
+                    after_batch=self._recorder.flush,
+                )
+                client.start()
+                self.clients.append(client)
+        if me.http_port is not None:
+            events_writer = self.instance_name in config.writers_of("events")
+            self.http = InternalHttpServer(
+                config,
+                memory_streams=self.memory,
+                send_event=self._send_event if events_writer else None,
+                create_room=self._create_room if events_writer else None,
+                status=self.status,
+                client=self.http_client,
+            )
+            port = await self.http.start()
+            logger.info("internal HTTP listening on %s:%d", me.host, port)
+        self._flusher = asyncio.create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            self._recorder.flush()
+
+    async def stop(self) -> None:
+        """Store (and so announce) the local positions, then stop everything."""
+        try:
+            await self.engine.streams.flush()
+        except Exception:
+            logger.exception("storing positions at shutdown failed")
+        if self._flusher is not None:
+            self._flusher.cancel()
+        for client in self.clients:
+            await client.stop()
+        if self.redis is not None:
+            await self.redis.stop()
+        if self.server is not None:
+            await self.server.close()
+        await self.broadcaster.stop()
+        if self.http is not None:
+            await self.http.close()
+        await self.http_client.close()
+        for task in list(self._storing.values()):
+            with contextlib.suppress(Exception):
+                await task
+        self._recorder.close()
+
+    # -- HTTP actions -------------------------------------------------------------------
+
+    async def _send_event(
+        self,
+        room_id: str,
+        sender: str,
+        event_type: str,
+        content: dict[str, Any],
+        state_key: str | None,
+    ) -> dict[str, Any]:
+        created = await self.engine.creator.create_event(
+            room_id, sender, event_type, content, state_key=state_key
+        )
+        return {"event_id": created.event.event_id, "stream_ordering": created.stream_ordering}
+
+    async def _create_room(self, creator: str, name: str | None) -> str:
+        room_id, _ = await self.engine.creator.create_room(
+            creator, preset=RoomPreset.PUBLIC_CHAT, name=name
+        )
+        return room_id
+
+    def append_typing(self, room_id: str, user_ids: list[str]) -> int:
+        """Record who is typing (this instance must write ``typing``); returns the token."""
+        token = self.memory["typing"].append([(room_id, user_ids)])
+        self.broadcaster.notify("typing")
+        return token
+
+    def status(self) -> dict[str, Any]:
+        streams = self.engine.streams
+        return {
+            "positions": self.follower.positions(),
+            "linear": {n: streams.generator(n).get_linear_position() for n in streams.names},
+            "written": {n: self.broadcaster.stored_token(n) for n in self.broadcaster.stream_names},
+            # Positions reached locally, stored or not (stores may run in the background):
+            # "written" catches up with them once the stores are done.
+            "local": {
+                n: streams.current_token(n, self.instance_name)
+                for n in streams.names
+                if streams.generator(n).is_writer()
+            },
+            "sent": {n: self.broadcaster.last_sent(n) for n in self.broadcaster.stream_names},
+            "connections": {
+                "clients": [
+                    {
+                        "address": c.address,
+                        "connected": c.connected.is_set(),
+                        "made": c.connections_made,
+                    }
+                    for c in self.clients
+                ],
+                "server": None
+                if self.server is None
+                else {
+                    "clients": self.server.connection_count,
+                    "congestion_drops": self.server.congestion_drops,
+                },
+                "redis_subscriptions": None if self.redis is None else self.redis.subscriptions,
+            },
+        }
+
+
+async def run_instance(
+    config: Config,
+    console: Console,
+    *,
+    record_path: str | None = None,
+    socket_buffer: int | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run ``config.instance_name`` until SIGTERM/SIGINT (or ``stop`` is set); exit code."""
+    engine = await RoomEngine.open(config)
+    node = ReplicationNode(config, engine, record_path=record_path, socket_buffer=socket_buffer)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    try:
+        await node.start()
+        console.print(
+            f"roomstream instance {config.instance_name} ready "
+            f"(transport {config.replication.transport}, "
+            f"replication port {node.server.port if node.server else '-'}, "
+            f"http port {node.http.port if node.http else '-'})",
+            markup=False,
+            highlight=False,
+        )
+        await stop.wait()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await node.stop()
+        await engine.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m roomstream.replication.worker",
+        description="Run one roomstream instance with replication.",
+    )
+    parser.add_argument("-c", "--config", required=True)
+    parser.add_argument("--instance", required=True, help="instance_name to run as")
+    parser.add_argument("--record", help="append processed facts to this JSON-lines file")
+    parser.add_argument("--socket-buffer", type=int, help="SO_SNDBUF/SO_RCVBUF in bytes")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = load_config(args.config).with_instance(args.instance)
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.record:
+        Path(args.record).parent.mkdir(parents=True, exist_ok=True)
+    console = Console(file=sys.stdout, force_terminal=False, width=200)
+    return asyncio.run(
+        run_instance(config, console, record_path=args.record, socket_buffer=args.socket_buffer)
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
