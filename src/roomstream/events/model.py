@@ -19,7 +19,7 @@ class Event:
     hash by whoever built the event (tests may pass readable IDs for pure logic).
     """
 
-    __slots__ = ("data", "event_id", "raw", "room_version")
+    __slots__ = ("_room_id", "_state_key", "_type", "data", "event_id", "raw", "room_version")
 
     def __init__(
         self, data: dict[str, Any], room_version: RoomVersion, event_id: str, raw: bytes = b""
@@ -28,37 +28,46 @@ class Event:
         self.room_version = room_version
         self.event_id = event_id
         self.raw = raw
+        # Read on every auth check and state lookup: derive once, not per access.
+        etype = data.get("type")
+        self._type = etype if isinstance(etype, str) else None
+        key = data.get("state_key")
+        self._state_key = key if isinstance(key, str) else None
+        room_id = data.get("room_id")
+        if isinstance(room_id, str):
+            self._room_id: str | None = room_id
+        elif room_version.room_id_from_create_event and etype == "m.room.create":
+            self._room_id = "!" + event_id[1:]
+        else:
+            self._room_id = None
 
     def __repr__(self) -> str:
         return f"<Event {self.event_id} {self.type} {self.state_key!r} by {self.sender}>"
 
     @property
     def room_id(self) -> str:
-        room_id = self.data.get("room_id")
-        if isinstance(room_id, str):
-            return room_id
-        if self.room_version.room_id_from_create_event and self.type == "m.room.create":
-            return "!" + self.event_id[1:]
-        raise ValueError(f"event {self.event_id} has no room_id")
+        if self._room_id is None:
+            raise ValueError(f"event {self.event_id} has no room_id")
+        return self._room_id
 
     @property
     def type(self) -> str:
-        return str(self.data["type"])
+        if self._type is None:
+            return str(self.data["type"])  # KeyError / odd value: as the data says
+        return self._type
 
     @property
     def state_key(self) -> str | None:
-        key = self.data.get("state_key")
-        return key if isinstance(key, str) else None
+        return self._state_key
 
     def is_state(self) -> bool:
-        return isinstance(self.data.get("state_key"), str)
+        return self._state_key is not None
 
     @property
     def state_tuple(self) -> StateKey:
-        key = self.data.get("state_key")
-        if not isinstance(key, str):
+        if self._state_key is None:
             raise ValueError(f"event {self.event_id} is not a state event")
-        return (self.type, key)
+        return (self.type, self._state_key)
 
     @property
     def sender(self) -> str:

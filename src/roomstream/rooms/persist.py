@@ -488,7 +488,13 @@ class EventPersister:
             if ctx.rejected_reason is None and not (local and state_before is current):
                 ctx.rejected_reason = await self._auth_against(room, event, state_before, contexts)
             # 3. Soft failure against the current state, for events from elsewhere.
-            if ctx.rejected_reason is None and not local and not backfilled:
+            # (Against the same state it would repeat the check above.)
+            if (
+                ctx.rejected_reason is None
+                and not local
+                and not backfilled
+                and state_before is not current
+            ):
                 reason = await self._auth_against(room, event, current, contexts)
                 ctx.soft_failed = reason is not None
 
