@@ -593,7 +593,7 @@ class EventPersister:
                 _collect_pending(ref, pending)
         if new_current is not None:
             _collect_pending(new_current[0], pending)
-        groups = StateGroupWriter(txn)
+        groups = StateGroupWriter(txn, expected_groups=len(pending))
         for group in pending:
             group.group_id = groups.create(
                 room.room_id, _group_id(group.parent), group.delta, group.parent_state

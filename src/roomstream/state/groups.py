@@ -56,10 +56,14 @@ class StateGroupWriter:
     """Creates state groups within one transaction, caching branch data between calls
     and writing each branch's bookkeeping once, in :meth:`finish`."""
 
-    def __init__(self, txn: Transaction) -> None:
+    def __init__(self, txn: Transaction, expected_groups: int = 1) -> None:
         self.txn = txn
         self._versions: dict[int, tuple[int, int]] = {}
         self._branches: dict[int, _Branch] = {}
+        self._group_rows: list[tuple[int, str, int, int]] = []
+        # Group IDs are drawn in blocks: one sequence round trip per transaction.
+        self._block = max(1, expected_groups)
+        self._free_ids: list[int] = []
 
     def create(
         self,
@@ -101,11 +105,11 @@ class StateGroupWriter:
             elif at_tip or info.depth + 1 > MAX_BRANCH_DEPTH:
                 # Too much history in the branch (or too deep a base chain): a fresh
                 # branch starting from a full copy.
-                full = (
-                    dict(parent_state)
-                    if parent_state is not None
-                    else get_state_txn(txn, parent_group)
-                )
+                if parent_state is not None:
+                    full = dict(parent_state)
+                else:
+                    self._flush_groups()  # the parent may be a group made in this txn
+                    full = get_state_txn(txn, parent_group)
                 for key, value in delta.items():
                     if value is None:
                         full.pop(key, None)
@@ -118,16 +122,17 @@ class StateGroupWriter:
                 branch = self._new_branch(room_id, parent_branch, parent_seq, info.depth + 1)
                 seq = 1
                 self._insert(branch, seq, delta)
-        group = txn.nextval_many("state_group_id_seq", 1)[0]
-        txn.execute(
-            "INSERT INTO state_groups (state_group, room_id, branch_id, seq) VALUES (?, ?, ?, ?)",
-            (group, room_id, branch.branch_id, seq),
-        )
+        if not self._free_ids:
+            self._free_ids = txn.nextval_many("state_group_id_seq", self._block)[::-1]
+        group = self._free_ids.pop()
+        self._group_rows.append((group, room_id, branch.branch_id, seq))
         self._versions[group] = (branch.branch_id, seq)
         return group
 
     def finish(self) -> None:
-        """Write the branches' tips and row counts. Call once, before committing."""
+        """Write the groups, and the branches' tips and row counts. Call before committing;
+        group IDs drawn but not used are simply skipped (sequences may have gaps)."""
+        self._flush_groups()
         rows = [(b.tip, b.live, b.closed, b.branch_id) for b in self._branches.values() if b.dirty]
         self.txn.executemany(
             "UPDATE state_branches SET tip_seq = ?, live_rows = ?, closed_rows = ?"
@@ -136,6 +141,12 @@ class StateGroupWriter:
         )
         for b in self._branches.values():
             b.dirty = False
+
+    def _flush_groups(self) -> None:
+        self.txn.insert_many(
+            "state_groups", ("state_group", "room_id", "branch_id", "seq"), self._group_rows
+        )
+        self._group_rows = []
 
     def _version(self, group: int) -> tuple[int, int]:
         version = self._versions.get(group)
