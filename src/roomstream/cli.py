@@ -61,10 +61,42 @@ async def cmd_run(config: Config, args: argparse.Namespace) -> int:
     return await run_instance(config, console, record_path=args.record)
 
 
+async def cmd_views(config: Config, args: argparse.Namespace) -> int:
+    """Maintain (or rebuild) the derived room/user views with Spark."""
+    import os
+
+    from roomstream.pipelines.views import rebuild_views_cli, run_views
+
+    loop = asyncio.get_running_loop()
+    if args.rebuild:
+        offset = await loop.run_in_executor(
+            None,
+            lambda: rebuild_views_cli(
+                config.database, master=args.master, parquet_path=args.parquet
+            ),
+        )
+        console.print(f"views rebuilt up to {offset}")
+        return 0
+    checkpoint = args.checkpoint or os.path.join(config.data_dir, "checkpoints", "views")
+    await loop.run_in_executor(
+        None,
+        lambda: run_views(
+            config.database,
+            checkpoint,
+            master=args.master,
+            parquet_path=args.parquet,
+            once=not args.follow,
+        ),
+    )
+    console.print("views up to date" if not args.follow else "views job stopped")
+    return 0
+
+
 COMMANDS: dict[str, tuple[Command, str]] = {
     "run": (cmd_run, "set up the database and run this instance until interrupted"),
     "migrate": (cmd_migrate, "apply schema migrations and exit"),
     "streams": (cmd_streams, "show stream writers and positions"),
+    "views": (cmd_views, "update the derived room/user views with Spark"),
 }
 
 
@@ -82,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
                 "--demo", action="store_true", help="also send demo events every 2 seconds"
             )
             p.add_argument("--record", help="append processed stream facts to a JSON-lines file")
+        if name == "views":
+            p.add_argument("--master", default="local[2]", help="Spark master URL")
+            p.add_argument("--rebuild", action="store_true", help="rebuild from scratch (batch)")
+            p.add_argument("--follow", action="store_true", help="keep streaming until stopped")
+            p.add_argument("--checkpoint", help="streaming checkpoint directory")
+            p.add_argument("--parquet", help="also write the views as Parquet here")
     return parser
 
 
