@@ -92,11 +92,42 @@ async def cmd_views(config: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_generate(config: Config, args: argparse.Namespace) -> int:
+    from roomstream.corpus import generate_cli
+
+    return generate_cli(
+        args.path,
+        events=args.events,
+        seed=args.seed,
+        malformed=args.malformed,
+        workers=args.workers,
+    )
+
+
+async def cmd_import(config: Config, args: argparse.Namespace) -> int:
+    from roomstream.pipelines.importer import import_cli
+
+    # import_cli drives Spark and runs its own event loop: keep it off this one.
+    return await asyncio.to_thread(
+        import_cli,
+        args.path,
+        config.database,
+        instance_name=config.instance_name,
+        stream_writers=config.stream_writers,
+        backfill=args.backfill,
+        master=args.master,
+        partitions=args.partitions,
+        report_path=args.report,
+    )
+
+
 COMMANDS: dict[str, tuple[Command, str]] = {
     "run": (cmd_run, "set up the database and run this instance until interrupted"),
     "migrate": (cmd_migrate, "apply schema migrations and exit"),
     "streams": (cmd_streams, "show stream writers and positions"),
     "views": (cmd_views, "update the derived room/user views with Spark"),
+    "generate": (cmd_generate, "write a generated corpus of signed PDUs (JSON lines)"),
+    "import": (cmd_import, "bulk-import a file of PDUs (JSON lines) with Spark"),
 }
 
 
@@ -114,6 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
                 "--demo", action="store_true", help="also send demo events every 2 seconds"
             )
             p.add_argument("--record", help="append processed stream facts to a JSON-lines file")
+        if name == "generate":
+            p.add_argument("path")
+            p.add_argument("--events", type=int, default=100_000)
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--malformed", type=int, default=0, help="add this many bad lines")
+            p.add_argument("--workers", type=int, help="signing processes (default: cores)")
+        if name == "import":
+            p.add_argument("path")
+            p.add_argument("--backfill", action="store_true", help="as history (negative IDs)")
+            p.add_argument("--master", default="local[2]", help="Spark master URL")
+            p.add_argument("--partitions", type=int)
+            p.add_argument("--report", help="write every issue as JSON lines here")
         if name == "views":
             p.add_argument("--master", default="local[2]", help="Spark master URL")
             p.add_argument("--rebuild", action="store_true", help="rebuild from scratch (batch)")

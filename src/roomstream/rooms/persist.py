@@ -465,8 +465,12 @@ class EventPersister:
                 check_auth_rules(event, auth_map)
             except AuthError as exc:
                 ctx.rejected_reason = exc.message
-            if all(a in room.index for a in auth_ids):
-                ctx.chain = room.index.add_event(event.event_id, auth_ids)
+            # Only state events can be auth events, so only they need the auth chain
+            # index; one chain per (type, state_key) keeps chains long and links few.
+            if event.is_state() and all(a in room.index for a in auth_ids):
+                ctx.chain = room.index.add_event(
+                    event.event_id, auth_ids, chain_key=event.state_tuple
+                )
 
             # 2. The state before it, if every prev event has state.
             prevs = event.prev_event_ids

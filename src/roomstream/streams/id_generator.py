@@ -247,12 +247,23 @@ class StreamIdGenerator:
         tracker = self.tracker
         sign = self._sign
         sequence = self._sequence
+        # With one connection, transactions run one after another in submission order. If
+        # nothing else of ours is in flight now, every later draw gets higher IDs, so when
+        # this transaction commits the position is exactly its highest ID: store it in the
+        # same transaction and skip a round trip.
+        store_inline = (
+            self._local_writer is not None
+            and self._db.engine.concurrency == 1
+            and not tracker.has_in_flight()
+        )
         token = tracker.fetch_started()
         drawn: list[int] = []
 
         def txn_func(txn: Transaction) -> R:
             ids = txn.nextval_many(sequence, count)
             result = func(txn, [sign * i for i in ids], *args, **kwargs)
+            if store_inline:
+                self._store_position_txn(txn, ids[-1])
             drawn[:] = ids  # only once the whole transaction body succeeded
             return result
 
@@ -263,7 +274,11 @@ class StreamIdGenerator:
             # completing them.
             tracker.fetch_finished(token, drawn)
             tracker.complete(drawn)
-            self._store_in_background()
+        if store_inline and drawn[-1] > self._stored_position:
+            self._stored_position = drawn[-1]
+            for listener in self._listeners:
+                listener(self.instance_name, sign * drawn[-1])
+        self._store_in_background()
         return [sign * i for i in drawn], result
 
     def _store_in_background(self) -> None:

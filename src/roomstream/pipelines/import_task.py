@@ -1,0 +1,397 @@
+"""The Spark side of the bulk import: key lines by room, persist each partition's rooms.
+
+Each Spark task receives whole rooms (lines are partitioned by room ID) and runs the
+*online* persistence code, :meth:`EventPersister.persist_events`, over a task-local SQLite
+database in the import's work directory. Everything an event gets on the online path
+(validation and hashes via :func:`parse_pdu`, auth and rejection, soft failure, outliers,
+state groups, auth chain index, forward extremities, current state, redactions) is
+therefore computed by the same code, by construction. The driver then copies the parts into
+the target database (:mod:`roomstream.pipelines.import_load`), renumbering global IDs.
+
+Invariants of a part database (checked before the driver loads it):
+
+- its stream orderings are exactly ``1..n`` (``-1..-n`` for backfill) in persistence
+  order, so a room's events are numbered in the order they were persisted (each after its
+  prev and auth events);
+- its state group and branch IDs are ``1..G`` and ``1..B``;
+- every room is in exactly one part (chain IDs of the auth chain index are per room and
+  need no renumbering).
+
+Nothing here keeps a database connection on a pickled object: a task opens its own
+database, uses it and closes it before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import os
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import orjson
+from pyspark import Broadcast
+
+from roomstream.errors import BadEventError
+from roomstream.events.format import parse_pdu
+from roomstream.events.hashing import compute_event_id, room_id_from_create_event_id
+from roomstream.events.model import Event
+from roomstream.events.room_versions import ROOM_V10, RoomVersion, room_version
+from roomstream.rooms.persist import EventPersister
+from roomstream.rooms.store import EventStore
+from roomstream.state.resolution import effective_auth_event_ids
+from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
+from roomstream.streams import STREAMS, StreamSet
+
+#: Key of lines whose room cannot be told (not JSON, no room ID...).
+NO_ROOM = ""
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """What every task needs; plain values only (it is pickled to the executors)."""
+
+    source: str
+    work_dir: str
+    instance_name: str
+    backfill: bool = False
+    #: Events per ``persist_events`` call (one transaction each) within a room.
+    chunk_events: int = 400
+
+
+@dataclass(frozen=True)
+class LineIssue:
+    """An input line that was not stored as a valid event, or was stored as rejected.
+
+    ``kind`` is ``"invalid"`` (not stored: failed parsing / validation / hashes, or its
+    room has no valid create event) or ``"rejected"`` (stored, rejected by the auth rules).
+    """
+
+    line: int
+    kind: str
+    reason: str
+    event_id: str | None = None
+
+
+@dataclass
+class PartResult:
+    """What one task persisted: a part database and its counts."""
+
+    index: int
+    path: str
+    rooms: list[str] = field(default_factory=list)
+    lines: int = 0
+    events: int = 0
+    rejected: int = 0
+    soft_failed: int = 0
+    outliers: int = 0
+    state_groups: int = 0
+    branches: int = 0
+    issues: list[LineIssue] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# -- keying --------------------------------------------------------------------------
+
+
+def key_line(item: tuple[bytes, int]) -> tuple[str, tuple[int, bytes]]:
+    """(room ID, (1-based line number, raw bytes)) for one input line.
+
+    The room ID is the ``room_id`` field, except for a room version 12 create event, whose
+    room ID is derived from its event ID. Lines whose room cannot be told get
+    :data:`NO_ROOM` (they are reported by the task that receives them).
+    """
+    raw, index = item
+    raw = bytes(raw)
+    line = index + 1
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return NO_ROOM, (line, raw)
+    if not isinstance(data, dict):
+        return NO_ROOM, (line, raw)
+    room_id = data.get("room_id")
+    if data.get("type") == "m.room.create" and room_id is None:
+        content = data.get("content")
+        try:
+            version = room_version(
+                content.get("room_version") if isinstance(content, dict) else None
+            )
+            if version.room_id_from_create_event:
+                return room_id_from_create_event_id(compute_event_id(data, version)), (line, raw)
+        except Exception:  # any malformed create event: reported by the task
+            return NO_ROOM, (line, raw)
+    if isinstance(room_id, str) and room_id:
+        return room_id, (line, raw)
+    return NO_ROOM, (line, raw)
+
+
+def partition_of(room_id: str) -> int:
+    """A stable hash of a room ID (Python's ``hash`` of a str differs between processes)."""
+    return zlib.crc32(room_id.encode("utf-8", "surrogatepass"))
+
+
+def plan_partitions(sizes: Mapping[str, int], partitions: int) -> dict[str, int]:
+    """Assign rooms to partitions, balancing lines per partition (largest rooms first onto
+    the least loaded partition), and number the partitions heaviest first: Spark starts
+    tasks in partition order, so the longest task starts first (heavy-tailed room sizes
+    otherwise leave one late task running alone)."""
+    heap = [(0, i) for i in range(partitions)]
+    assigned: dict[str, int] = {}
+    for room, size in sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0])):
+        load, index = heapq.heappop(heap)
+        assigned[room] = index
+        heapq.heappush(heap, (load + size, index))
+    by_load = sorted(heap, key=lambda li: (-li[0], li[1]))
+    relabel = {index: rank for rank, (_, index) in enumerate(by_load)}
+    return {room: relabel[index] for room, index in assigned.items()}
+
+
+def assigned_partition(room_id: str, assignment: Broadcast[dict[str, int]]) -> int:
+    """The partition :func:`plan_partitions` chose (a stable hash for unplanned keys)."""
+    index = assignment.value.get(room_id)
+    return partition_of(room_id) if index is None else index
+
+
+def room_order(events: Sequence[Event]) -> list[Event]:
+    """The order a room's events are persisted in: each after its prev and auth events
+    that are present, otherwise by (depth, event ID).
+
+    The same rule as the persister's own batch sort, applied to the whole room, so that
+    cutting the result into consecutive batches changes nothing. Tests persist events one
+    by one in this order to get the reference result.
+    """
+    ordered = sorted(events, key=lambda e: (e.depth, e.event_id))
+    by_id = {e.event_id: e for e in ordered}
+    placed: set[str] = set()
+    result: list[Event] = []
+    for root in ordered:
+        stack: list[tuple[Event, bool]] = [(root, False)]
+        while stack:
+            event, expanded = stack.pop()
+            if event.event_id in placed:
+                continue
+            if expanded:
+                placed.add(event.event_id)
+                result.append(event)
+                continue
+            stack.append((event, True))
+            parents = [*event.prev_event_ids, *effective_auth_event_ids(event)]
+            for parent in reversed(parents):
+                if parent in by_id and parent not in placed:
+                    stack.append((by_id[parent], False))
+    return result
+
+
+def _bad_line_reason(raw: bytes) -> str:
+    if not raw.strip():
+        return "empty line"
+    try:
+        parse_pdu(raw, ROOM_V10)
+    except BadEventError as exc:
+        return f"{exc.errcode}: {exc.message}"
+    return "M_BAD_JSON: cannot tell the event's room (no room_id)"
+
+
+def _create_version(room_id: str, rows: Sequence[tuple[int, bytes]]) -> RoomVersion | None:
+    """The room's version, from the first line that is a valid create event of this room."""
+    for _, raw in rows:
+        if b"m.room.create" not in raw:
+            continue
+        try:
+            data = orjson.loads(raw)
+            if data.get("type") != "m.room.create" or data.get("state_key") != "":
+                continue
+            version = room_version(data["content"]["room_version"])
+            event = parse_pdu(raw, version)
+            if event.room_id == room_id:
+                return version
+        except Exception:  # not a usable create event; look further
+            continue
+    return None
+
+
+# -- persisting ----------------------------------------------------------------------
+
+
+class _Progress:
+    """Writes ``<part>.progress`` (rooms, events) at most twice a second for the driver."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rooms = 0
+        self.events = 0
+        self._last = 0.0
+
+    def update(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < 0.5:
+            return
+        self._last = now
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"rooms": self.rooms, "events": self.events}, f)
+        os.replace(tmp, self.path)
+
+
+async def _persist_room(
+    persister: EventPersister,
+    room_id: str,
+    rows: list[tuple[int, bytes]],
+    settings: TaskSettings,
+    issues: list[LineIssue],
+    progress: _Progress,
+) -> None:
+    version = _create_version(room_id, rows)
+    if version is None:
+        reason = f"M_NOT_FOUND: room {room_id[:80]} has no valid m.room.create event in the input"
+        issues.extend(LineIssue(line, "invalid", reason) for line, _ in rows)
+        return
+    events: list[Event] = []
+    line_of: dict[str, int] = {}
+    for line, raw in rows:
+        try:
+            event = parse_pdu(raw, version)
+        except BadEventError as exc:
+            issues.append(LineIssue(line, "invalid", f"{exc.errcode}: {exc.message}"))
+            continue
+        if event.room_id != room_id:  # cannot happen for keyed lines; kept as a guard
+            issues.append(LineIssue(line, "invalid", "M_BAD_JSON: room ID mismatch"))
+            continue
+        if event.event_id in line_of:
+            continue  # a duplicate line: persisting twice is a no-op online too
+        line_of[event.event_id] = line
+        events.append(event)
+    ordered = room_order(events)
+    size = max(1, settings.chunk_events)
+    for start in range(0, len(ordered), size):
+        results = await persister.persist_events(
+            ordered[start : start + size], backfilled=settings.backfill
+        )
+        for result in results:
+            if result.rejected_reason is not None:
+                issues.append(
+                    LineIssue(
+                        line_of[result.event_id],
+                        "rejected",
+                        result.rejected_reason,
+                        result.event_id,
+                    )
+                )
+        progress.events += min(size, len(ordered) - start)
+        progress.update()
+
+
+def _counts_txn(txn: Transaction) -> tuple[list[str], int, int, int, int, int, int, int]:
+    row = txn.query_one(
+        "SELECT COUNT(*), COALESCE(MAX(ABS(stream_ordering)), 0),"
+        " COALESCE(SUM(CASE WHEN rejected_reason IS NULL THEN 0 ELSE 1 END), 0),"
+        " COALESCE(SUM(soft_failed), 0), COALESCE(SUM(outlier), 0) FROM events"
+    )
+    rooms = [r[0] for r in txn.query("SELECT DISTINCT room_id FROM events ORDER BY room_id")]
+    groups = txn.query_one("SELECT COUNT(*), COALESCE(MAX(state_group), 0) FROM state_groups")
+    branches = txn.query_one("SELECT COUNT(*), COALESCE(MAX(branch_id), 0) FROM state_branches")
+    if int(groups[0]) != int(groups[1]) or int(branches[0]) != int(branches[1]):
+        raise RuntimeError("part database: state group / branch IDs are not 1..n")
+    return (
+        rooms,
+        int(row[0]),
+        int(row[1]),
+        int(row[2]),
+        int(row[3]),
+        int(row[4]),
+        int(groups[0]),
+        int(branches[0]),
+    )
+
+
+def _scratch_pragmas(db: Database) -> None:
+    """A part database is scratch space: no fsync, rollback journal in memory.
+
+    Durability is not needed (a failed task is retried from scratch); atomicity of each
+    persist transaction still is, and the in-memory journal keeps it.
+    """
+    conn = db.engine.acquire()
+    try:
+        conn.execute("PRAGMA journal_mode=MEMORY")
+        conn.execute("PRAGMA synchronous=OFF")
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        conn.execute("PRAGMA cache_size=-262144")
+    finally:
+        db.engine.release(conn)
+
+
+async def persist_rooms(
+    path: str,
+    rooms: dict[str, list[tuple[int, bytes]]],
+    settings: TaskSettings,
+    progress_path: str | None = None,
+) -> PartResult:
+    """Persist ``rooms`` (room ID -> lines) into a new SQLite database at ``path``."""
+    started = time.perf_counter()
+    result = PartResult(index=-1, path=path)
+    progress = _Progress(progress_path or path + ".progress")
+    db: Database = connect(DatabaseConfig(engine="sqlite", path=path))
+    try:
+        _scratch_pragmas(db)
+        await prepare_database(db)
+        writers = {name: (settings.instance_name,) for name in STREAMS}
+        streams = await StreamSet.open(db, settings.instance_name, writers)
+        persister = EventPersister(EventStore(db), streams, settings.instance_name)
+        for room_id in sorted(rooms):
+            rows = sorted(rooms[room_id])
+            result.lines += len(rows)
+            if room_id == NO_ROOM:
+                result.issues.extend(
+                    LineIssue(line, "invalid", _bad_line_reason(raw)) for line, raw in rows
+                )
+                continue
+            await _persist_room(persister, room_id, rows, settings, result.issues, progress)
+            progress.rooms += 1
+            progress.update()
+        (
+            result.rooms,
+            result.events,
+            highest,
+            result.rejected,
+            result.soft_failed,
+            result.outliers,
+            result.state_groups,
+            result.branches,
+        ) = await db.run_interaction(_counts_txn)
+        if highest != result.events:
+            raise RuntimeError(f"part database {path}: stream orderings are not 1..n")
+    finally:
+        await db.close()
+    progress.update(force=True)
+    result.issues.sort(key=lambda i: i.line)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def persist_partition(
+    index: int, rows: Iterable[tuple[str, tuple[int, bytes]]], settings: TaskSettings
+) -> Iterator[PartResult]:
+    """The Spark task: group the partition's lines by room and persist them.
+
+    Yields exactly one :class:`PartResult`; an empty partition creates no database
+    (``path`` is empty).
+    """
+    rooms: dict[str, list[tuple[int, bytes]]] = defaultdict(list)
+    for room_id, (line, raw) in rows:
+        if raw.strip():
+            rooms[room_id].append((line, bytes(raw)))
+    if not rooms:
+        yield PartResult(index=index, path="")
+        return
+    path = os.path.join(settings.work_dir, f"part-{index:05d}.db")
+    for stale in (path, path + "-wal", path + "-shm"):
+        if os.path.exists(stale):  # a retried task starts afresh
+            os.remove(stale)
+    result = asyncio.run(persist_rooms(path, rooms, settings, path + ".progress"))
+    result.index = index
+    yield result

@@ -1,0 +1,442 @@
+"""Bulk import of room history (``roomstream import PATH``), on Spark.
+
+The input is JSON lines, one federation PDU per line, in any order (what
+``roomstream generate`` writes). The import:
+
+1. reads the lines with Spark, numbering them (``zipWithIndex``: line numbers for reports);
+2. keys each line by room ID (a v12 create event's room ID is derived from its event ID),
+   counts lines per room and repartitions by room, balancing lines per task (largest rooms
+   first, heaviest task first: :func:`import_task.plan_partitions`), so each room is in
+   exactly one task;
+3. in each task, persists the task's rooms through the online persistence code,
+   :meth:`EventPersister.persist_events`, over a task-local SQLite database (see
+   :mod:`import_task`): validation and hashes, auth, rejection, soft failure, DAG
+   orderings, state groups, auth chains, forward extremities and current state are the
+   online path's by construction;
+4. on the driver, reserves one block of stream orderings from the target's ``events``
+   stream (``backfill`` with ``backfill=True``) and blocks of state group / branch IDs,
+   and copies every part into the target in ONE transaction (:mod:`import_load`).
+
+Guarantees:
+
+- all or nothing: if anything fails (a Spark task, a conflict, the copy) the target's
+  tables are as before the import (reserved IDs become a gap, like any rolled-back write);
+- the stored result equals persisting the same events one at a time with
+  ``persist_events`` in :func:`import_task.room_order` (a valid topological order): same
+  events, rejections, soft failures, outliers, state before/after every event, current
+  state and forward extremities. Stream orderings differ in value but keep each room's
+  persistence order (a block reserved in one piece, rooms never split);
+- every line that is not stored as a valid event is reported with file, line number and
+  reason (``invalid``: not stored; ``rejected``: stored as rejected, as online).
+
+Importing into rooms the target already has is refused (:class:`ImportConflictError`).
+The import must be the only writer of the target's ``events``/``backfill`` stream under
+its instance name while it runs (as for any writer instance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import operator
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+from pyspark import RDD, StorageLevel
+from pyspark.sql import SparkSession
+
+from roomstream.pipelines.import_load import (
+    MAX_SQLITE_PARTS,
+    Blocks,
+    ImportConflictError,
+    load_postgres,
+    load_sqlite,
+)
+from roomstream.pipelines.import_task import (
+    LineIssue,
+    PartResult,
+    TaskSettings,
+    assigned_partition,
+    key_line,
+    persist_partition,
+    plan_partitions,
+)
+from roomstream.storage import DatabaseConfig, Transaction, connect, prepare_database
+from roomstream.streams import StreamSet
+
+__all__ = [
+    "ImportConflictError",
+    "ImportReport",
+    "LineIssue",
+    "import_cli",
+    "import_events",
+]
+
+
+@dataclass
+class ImportReport:
+    """The outcome of one import. ``issues`` holds every invalid and rejected line."""
+
+    path: str
+    engine: str
+    lines: int = 0
+    rooms: int = 0
+    events: int = 0
+    rejected: int = 0
+    soft_failed: int = 0
+    outliers: int = 0
+    invalid: int = 0
+    issues: list[LineIssue] = field(default_factory=list)
+    #: First and last stream ordering given out (signed; backfill counts down).
+    stream_orderings: tuple[int, int] | None = None
+    partitions: int = 0
+    spark_seconds: float = 0.0
+    load_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items() if k != "issues"}
+        data["events_per_second"] = round(self.events_per_second, 1)
+        return data
+
+
+def count_lines(path: str | os.PathLike[str]) -> int:
+    """Lines in a file (a final line without a newline counts)."""
+    count = 0
+    last = b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (0 if last == b"\n" else 1)
+
+
+# -- progress ----------------------------------------------------------------------------
+
+
+class _View:
+    """Rich progress for both phases, or nothing when no console is given."""
+
+    def __init__(self, console: Any, total_lines: int) -> None:
+        self.progress: Any = None
+        if console is None:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.fields[rooms]} rooms"),
+            TextColumn("{task.fields[rate]} events/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.persist = self.progress.add_task(
+            "persisting (Spark)", total=total_lines, rooms=0, rate="-"
+        )
+        self.load = self.progress.add_task(
+            "loading target", total=None, rooms=0, rate="-", visible=False
+        )
+        self.started = time.monotonic()
+
+    def __enter__(self) -> _View:
+        if self.progress is not None:
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def spark(self, rooms: int, events: int) -> None:
+        if self.progress is None:
+            return
+        rate = events / max(time.monotonic() - self.started, 1e-9)
+        self.progress.update(
+            self.persist, completed=events, rooms=f"{rooms:,}", rate=f"{rate:,.0f}"
+        )
+
+    def start_load(self, events: int, rooms: int) -> None:
+        if self.progress is None:
+            return
+        self.progress.update(self.persist, completed=self.progress.tasks[0].total)
+        self.load_started = time.monotonic()
+        self.progress.update(self.load, total=events, visible=True, rooms=f"{rooms:,}")
+
+    def loaded(self, events: int) -> None:
+        if self.progress is None:
+            return
+        rate = events / max(time.monotonic() - self.load_started, 1e-9)
+        self.progress.update(self.load, completed=events, rate=f"{rate:,.0f}")
+
+
+def _read_progress(work_dir: str) -> tuple[int, int]:
+    rooms = events = 0
+    for name in os.listdir(work_dir):
+        if name.endswith(".progress"):
+            try:
+                with open(os.path.join(work_dir, name), encoding="utf-8") as f:
+                    data = json.load(f)
+                rooms += int(data["rooms"])
+                events += int(data["events"])
+            except (OSError, ValueError, KeyError):
+                continue
+    return rooms, events
+
+
+# -- the import --------------------------------------------------------------------------
+
+
+def _run_spark(
+    spark: SparkSession, path: str, settings: TaskSettings, partitions: int, view: _View
+) -> list[PartResult]:
+    sc = spark.sparkContext
+    uri = Path(path).resolve().as_uri()
+    # use_unicode=False: the raw bytes of each line (the stubs only know the str form).
+    lines = cast("RDD[bytes]", sc.textFile(uri, minPartitions=partitions, use_unicode=False))
+    keyed = lines.zipWithIndex().map(key_line).persist(StorageLevel.MEMORY_AND_DISK)
+    sizes = dict(keyed.map(lambda kv: (kv[0], 1)).reduceByKey(operator.add).collect())
+    assignment = sc.broadcast(plan_partitions(sizes, partitions))
+    by_room = keyed.partitionBy(partitions, partial(assigned_partition, assignment=assignment))
+    job = by_room.mapPartitionsWithIndex(partial(persist_partition, settings=settings))
+    outcome: dict[str, Any] = {}
+    group = f"roomstream-import-{os.getpid()}-{time.monotonic_ns()}"
+
+    def collect() -> None:
+        sc.setJobGroup(group, f"import {path}")
+        try:
+            outcome["parts"] = job.collect()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=collect, name="roomstream-import-spark", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+            view.spark(*_read_progress(settings.work_dir))
+    except BaseException:  # e.g. Ctrl-C: stop the tasks before the scratch dir goes
+        sc.cancelJobGroup(group)
+        thread.join(30)
+        raise
+    finally:
+        keyed.unpersist()
+        assignment.destroy()
+    if "error" in outcome:
+        raise RuntimeError(f"the import's Spark job failed: {outcome['error']}") from outcome[
+            "error"
+        ]
+    parts: list[PartResult] = outcome["parts"]
+    return sorted(parts, key=lambda p: p.index)
+
+
+def _reserve_ids_txn(txn: Transaction, groups: int, branches: int) -> tuple[list[int], list[int]]:
+    return (
+        txn.nextval_many("state_group_id_seq", groups) if groups else [],
+        txn.nextval_many("state_branch_id_seq", branches) if branches else [],
+    )
+
+
+async def _load(
+    target: DatabaseConfig,
+    parts: list[PartResult],
+    instance_name: str,
+    stream_writers: Mapping[str, tuple[str, ...]],
+    backfill: bool,
+    view: _View,
+    fault: Callable[[int], None] | None,
+) -> tuple[int, int] | None:
+    total = sum(p.events for p in parts)
+    db = connect(target)
+    try:
+        await prepare_database(db)
+        if total == 0:
+            return None
+        streams = await StreamSet.open(db, instance_name, stream_writers)
+        generator = streams.generator("backfill" if backfill else "events")
+        groups, branches = await db.run_interaction(
+            _reserve_ids_txn, sum(p.state_groups for p in parts), sum(p.branches for p in parts)
+        )
+        done = 0
+
+        def progress(i: int, part: PartResult) -> None:
+            nonlocal done
+            done += part.events
+            view.loaded(done)
+            if fault is not None:
+                fault(i)
+
+        loader = load_sqlite if target.engine == "sqlite" else load_postgres
+        async with generator.reserve_many(total) as orderings:
+            blocks = Blocks(orderings, groups, branches)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, loader, target, parts, blocks, progress)
+        return orderings[0], orderings[-1]
+    finally:
+        await db.close()
+
+
+def import_events(
+    path: str | os.PathLike[str],
+    target: DatabaseConfig,
+    *,
+    spark: SparkSession | None = None,
+    instance_name: str = "main",
+    stream_writers: Mapping[str, tuple[str, ...]] | None = None,
+    backfill: bool = False,
+    partitions: int | None = None,
+    chunk_events: int = 400,
+    work_dir: str | os.PathLike[str] | None = None,
+    console: Any = None,
+    fault: Callable[[int], None] | None = None,
+) -> ImportReport:
+    """Import the PDUs in ``path`` into ``target``; see the module docstring.
+
+    ``partitions`` defaults to 4x Spark's default parallelism (at most
+    :data:`MAX_SQLITE_PARTS` for a SQLite target). ``work_dir`` holds the part databases
+    (deleted afterwards); executors and driver must share it (true for ``local[N]``).
+    ``console`` (a rich Console) shows progress. ``fault(part_number)`` is called inside
+    the load transaction after each part (tests use it to inject failures).
+    """
+    started = time.perf_counter()
+    path = str(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(path)
+    if spark is None:
+        from roomstream.pipelines.session import spark_session
+
+        spark = spark_session()
+    report = ImportReport(path=path, engine=target.engine)
+    report.lines = count_lines(path)
+    if partitions is None:
+        partitions = 4 * spark.sparkContext.defaultParallelism
+    if target.engine == "sqlite":
+        partitions = min(partitions, MAX_SQLITE_PARTS)
+    report.partitions = partitions = max(1, partitions)
+    scratch = tempfile.mkdtemp(prefix="roomstream-import-", dir=work_dir)
+    try:
+        settings = TaskSettings(
+            source=path,
+            work_dir=scratch,
+            instance_name=instance_name,
+            backfill=backfill,
+            chunk_events=chunk_events,
+        )
+        with _View(console, report.lines) as view:
+            parts = _run_spark(spark, path, settings, partitions, view)
+            report.spark_seconds = time.perf_counter() - started
+            stored = [p for p in parts if p.path]
+            for part in parts:
+                report.issues.extend(part.issues)
+                report.events += part.events
+                report.rooms += len(part.rooms)
+                report.rejected += part.rejected
+                report.soft_failed += part.soft_failed
+                report.outliers += part.outliers
+            report.issues.sort(key=lambda i: i.line)
+            report.invalid = sum(1 for i in report.issues if i.kind == "invalid")
+            view.start_load(report.events, report.rooms)
+            load_started = time.perf_counter()
+            report.stream_orderings = asyncio.run(
+                _load(
+                    target,
+                    stored,
+                    instance_name,
+                    stream_writers or {},
+                    backfill,
+                    view,
+                    fault,
+                )
+            )
+            report.load_seconds = time.perf_counter() - load_started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def import_cli(
+    path: str,
+    target: DatabaseConfig,
+    *,
+    instance_name: str = "main",
+    stream_writers: Mapping[str, tuple[str, ...]] | None = None,
+    backfill: bool = False,
+    master: str = "local[2]",
+    partitions: int | None = None,
+    report_path: str | None = None,
+    show_issues: int = 20,
+) -> int:
+    """``roomstream import PATH``: import with a progress display, then print a summary.
+
+    Prints the counts (lines, rooms, events, rejected, soft-failed, outliers, invalid),
+    the stream orderings used, the time and rate, and the first ``show_issues`` issues as
+    ``PATH:LINE: kind: reason``; with ``report_path`` every issue is written there as JSON
+    lines. Returns 0 on success (even with invalid or rejected lines), 1 if the import
+    failed (the target is then unchanged).
+    """
+    from rich.console import Console
+
+    from roomstream.pipelines.session import spark_session
+
+    console = Console()
+    spark = spark_session(
+        master, app_name="roomstream-import", conf={"spark.ui.showConsoleProgress": "false"}
+    )
+    try:
+        report = import_events(
+            path,
+            target,
+            spark=spark,
+            instance_name=instance_name,
+            stream_writers=stream_writers,
+            backfill=backfill,
+            partitions=partitions,
+            console=console,
+        )
+    except Exception as exc:
+        console.print(f"[red]import failed; the target is unchanged:[/red] {exc}")
+        return 1
+    console.print(
+        f"imported {report.events:,} events in {report.rooms:,} rooms from {report.lines:,}"
+        f" lines into {report.engine} in {report.seconds:.1f} s"
+        f" ({report.events_per_second:,.0f} events/s; Spark {report.spark_seconds:.1f} s,"
+        f" load {report.load_seconds:.1f} s)"
+    )
+    console.print(
+        f"rejected {report.rejected:,}, soft-failed {report.soft_failed:,},"
+        f" outliers {report.outliers:,}, invalid lines {report.invalid:,};"
+        f" stream orderings {report.stream_orderings}"
+    )
+    for issue in report.issues[:show_issues]:
+        console.print(f"{path}:{issue.line}: {issue.kind}: {issue.reason}", markup=False)
+    if len(report.issues) > show_issues:
+        console.print(f"... and {len(report.issues) - show_issues:,} more issues")
+    if report_path is not None:
+        with open(report_path, "w", encoding="utf-8") as f:
+            for issue in report.issues:
+                f.write(json.dumps({"file": path, **issue.__dict__}) + "\n")
+    return 0
