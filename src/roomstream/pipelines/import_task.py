@@ -41,9 +41,8 @@ from roomstream.events.format import parse_pdu
 from roomstream.events.hashing import compute_event_id, room_id_from_create_event_id
 from roomstream.events.model import Event
 from roomstream.events.room_versions import ROOM_V10, RoomVersion, room_version
-from roomstream.rooms.persist import EventPersister
+from roomstream.rooms.persist import EventPersister, topological_order
 from roomstream.rooms.store import EventStore
-from roomstream.state.resolution import effective_auth_event_ids
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
 from roomstream.streams import STREAMS, StreamSet
 
@@ -157,34 +156,8 @@ def assigned_partition(room_id: str, assignment: Broadcast[dict[str, int]]) -> i
     return partition_of(room_id) if index is None else index
 
 
-def room_order(events: Sequence[Event]) -> list[Event]:
-    """The order a room's events are persisted in: each after its prev and auth events
-    that are present, otherwise by (depth, event ID).
-
-    The same rule as the persister's own batch sort, applied to the whole room, so that
-    cutting the result into consecutive batches changes nothing. Tests persist events one
-    by one in this order to get the reference result.
-    """
-    ordered = sorted(events, key=lambda e: (e.depth, e.event_id))
-    by_id = {e.event_id: e for e in ordered}
-    placed: set[str] = set()
-    result: list[Event] = []
-    for root in ordered:
-        stack: list[tuple[Event, bool]] = [(root, False)]
-        while stack:
-            event, expanded = stack.pop()
-            if event.event_id in placed:
-                continue
-            if expanded:
-                placed.add(event.event_id)
-                result.append(event)
-                continue
-            stack.append((event, True))
-            parents = [*event.prev_event_ids, *effective_auth_event_ids(event)]
-            for parent in reversed(parents):
-                if parent in by_id and parent not in placed:
-                    stack.append((by_id[parent], False))
-    return result
+room_order = topological_order
+"""A room's persistence order (the persister's own batch order, applied to the room)."""
 
 
 def _bad_line_reason(raw: bytes) -> str:

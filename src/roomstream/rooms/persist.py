@@ -254,7 +254,7 @@ class EventPersister:
         room = await self._load_room(room_id, fresh)
         try:
             contexts, new_extremities, new_current = await self._compute_contexts(
-                room, _sort_events(fresh), backfilled, local
+                room, topological_order(fresh), backfilled, local
             )
         except BaseException:
             # The chain index may hold part of the batch: reload the room next time.
@@ -825,13 +825,15 @@ def _collect_pending(ref: GroupRef, out: list[PendingGroup]) -> None:
     out.extend(reversed(chain))
 
 
-def _sort_events(events: list[Event]) -> list[Event]:
-    """Order events so each follows its prev and auth events that are in the list.
+def topological_order(events: Sequence[Event]) -> list[Event]:
+    """Order events so each follows those of its prev and auth events that are present.
 
-    Ties (and events whose ancestors are elsewhere) keep depth order, then input order.
+    Otherwise by (depth, event ID), so the order does not depend on the input's. The
+    persister sorts every batch this way, and the bulk importer whole rooms, so that
+    cutting a room into consecutive batches changes nothing.
     """
-    by_id = {e.event_id: e for e in events}
-    order = sorted(events, key=lambda e: e.depth)
+    order = sorted(events, key=lambda e: (e.depth, e.event_id))
+    by_id = {e.event_id: e for e in order}
     placed: set[str] = set()
     result: list[Event] = []
     for root in order:
