@@ -174,8 +174,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--latency-samples", type=int, default=40)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "pipelines.json"))
+    parser.add_argument("--out", help="results file (default bench/results/pipelines.json)")
+    parser.add_argument("--quick", action="store_true", help="50,000 rows, 10 latency samples")
     args = parser.parse_args()
+    if args.quick:
+        args.rows = min(args.rows, 50_000)
+        args.latency_samples = min(args.latency_samples, 10)
+    name = "pipelines.quick.json" if args.quick else "pipelines.json"
+    args.out = args.out or str(ROOT / "bench" / "results" / name)
     info = machine()
     started = time.perf_counter()
     spark = spark_session("local[2]", app_name="roomstream-bench")
