@@ -221,3 +221,38 @@ async def test_reserve_many_validates_count(database: Database) -> None:
     with pytest.raises(ValueError):
         async with gen.reserve_many(0):
             pass
+
+
+async def test_run_with_ids_stores_only_safe_positions(database: Database) -> None:
+    """run_with_ids completes its IDs with the transaction; the stored (announceable)
+    position never covers an ID another reservation still holds."""
+    gen = await caches_generator(database, "main", ["main"])
+    announced: list[int] = []
+    gen.add_position_listener(lambda w, p: announced.append(p))
+
+    def write(txn, ids):  # type: ignore[no-untyped-def]
+        txn.executemany(
+            "INSERT INTO cache_invalidations VALUES (?, 'main', 'f', NULL, 0)",
+            [(i,) for i in ids],
+        )
+        return len(ids)
+
+    ids, written = await gen.run_with_ids(3, write)
+    assert written == 3 and ids == sorted(ids)
+    await gen.flush()
+    assert gen.get_stored_position() == gen.get_position("main") == ids[-1]
+    held = await OpenReservation.open(gen)  # an ID in flight below the next draw
+    more, _ = await gen.run_with_ids(2, write)
+    assert more[0] > held.ids[0]
+    await gen.flush()
+    assert gen.get_stored_position() < held.ids[0]
+    assert all(p < held.ids[0] for p in announced if p > ids[-1])
+    await held.commit(database, "main")
+    await gen.flush()
+    assert gen.get_stored_position() == more[-1]
+    # A failing body completes its IDs without rows and without announcing them.
+    with pytest.raises(RuntimeError):
+        await gen.run_with_ids(1, lambda txn, ids: (_ for _ in ()).throw(RuntimeError("x")))
+    await gen.flush()
+    assert not gen.tracker.has_in_flight()
+    assert gen.get_stored_position() >= more[-1]
