@@ -139,6 +139,18 @@ class _Pending:
 MAX_COMMIT_EVENTS = 1000
 
 
+_GroupKey = tuple[str, int | None]
+
+
+def _group_key(ref: GroupRef) -> _GroupKey:
+    """Identifies a state group, stored or not, within one batch."""
+    if isinstance(ref, PendingGroup):
+        if ref.group_id is not None:
+            return ("group", ref.group_id)
+        return ("pending", id(ref))  # alive for the whole batch, so the id is stable
+    return ("group", ref)
+
+
 def _group_id(ref: GroupRef) -> int | None:
     if isinstance(ref, PendingGroup):
         if ref.group_id is None:
@@ -449,6 +461,8 @@ class EventPersister:
         )
         extremities: dict[str, GroupRef] = dict(room.extremities)
         current, current_group = room.current, room.current_group
+        current_key: frozenset[_GroupKey] | None = None
+        memo: dict[frozenset[_GroupKey], tuple[GroupRef, StateMap]] = {}
         changed = False
 
         for event in events:
@@ -486,7 +500,9 @@ class EventPersister:
                 ctx.outlier = True
                 continue
             else:
-                ctx.before, state_before = await self._state_before(room, prev_groups, contexts)
+                ctx.before, state_before = await self._state_before(
+                    room, prev_groups, contexts, memo
+                )
             # Local events were authorized against this very state by their creator (under
             # the room lock); everything else is checked against the state before it.
             if ctx.rejected_reason is None and not (local and state_before is current):
@@ -523,9 +539,15 @@ class EventPersister:
             changed = True
             if len(extremities) == 1 and event.event_id in extremities:
                 current_group, current = ctx.after, ctx.state_after
+                current_key = frozenset([_group_key(ctx.after)])
             else:
                 refs = await self._extremity_groups(extremities, contexts)
-                current_group, current = await self._state_before(room, refs, contexts)
+                key = frozenset(_group_key(r) for r in refs)
+                # A message on one side of an open fork leaves every extremity's state as
+                # it was, and so the resolved current state: don't resolve again.
+                if key != current_key:
+                    current_group, current = await self._state_before(room, refs, contexts, memo)
+                    current_key = key
         if not changed:
             return list(contexts.values()), None, None
         return list(contexts.values()), extremities, (current_group, current)
@@ -536,18 +558,34 @@ class EventPersister:
         return [g for _, g in sorted(extremities.items()) if g is not None]
 
     async def _state_before(
-        self, room: _Room, prev_groups: list[GroupRef], contexts: Mapping[str, _Context]
+        self,
+        room: _Room,
+        prev_groups: list[GroupRef],
+        contexts: Mapping[str, _Context],
+        memo: dict[frozenset[_GroupKey], tuple[GroupRef, StateMap]] | None = None,
     ) -> tuple[GroupRef, StateMap]:
-        """The state after all of ``prev_groups``: shared, or resolved when they differ."""
-        distinct: dict[tuple[str, int | None], GroupRef] = {}
-        for ref in prev_groups:
-            key = ("pending", id(ref)) if isinstance(ref, PendingGroup) else ("group", ref)
-            distinct[key] = ref
+        """The state after all of ``prev_groups``: shared, or resolved when they differ.
+
+        ``memo`` (one per batch) remembers resolutions: a merge event's state before is
+        usually the resolution that made the room's current state a moment earlier.
+        """
+        distinct = {_group_key(ref): ref for ref in prev_groups}
         refs = list(distinct.values())
         if not refs:
             return None, {}
         if len(refs) == 1:
             return refs[0], await self._state_of(refs[0], contexts)
+        memo_key = frozenset(distinct)
+        if memo is not None and memo_key in memo:
+            return memo[memo_key]
+        result = await self._resolve(room, refs, contexts)
+        if memo is not None:
+            memo[memo_key] = result
+        return result
+
+    async def _resolve(
+        self, room: _Room, refs: list[GroupRef], contexts: Mapping[str, _Context]
+    ) -> tuple[GroupRef, StateMap]:
         states = [await self._state_of(ref, contexts) for ref in refs]
         resolved = await resolve_state(
             room.room_id, room.version, states, _ResolutionStore(self, room, contexts)
