@@ -12,7 +12,13 @@ import pytest
 from signedjson.types import SigningKey
 
 from roomstream.errors import AuthError, BadEventError
-from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, ROOM_V11, room_version
+from roomstream.events.model import Event
+from roomstream.events.room_versions import (
+    KNOWN_ROOM_VERSIONS,
+    ROOM_V11,
+    RoomVersion,
+    room_version,
+)
 from roomstream.rooms.engine import RoomEngine
 from tests.rooms.conftest import REMOTE, remote_event
 
@@ -27,6 +33,34 @@ async def _public_room(engine: RoomEngine, version: str = "12") -> str:
         ALICE, version=version, preset=RoomPreset.PUBLIC_CHAT, name="Lobby"
     )
     return room_id
+
+
+async def _remote_join(
+    engine: RoomEngine,
+    remote_key: SigningKey,
+    room_id: str,
+    prev_events: list[str] | None = None,
+    depth: int = 10,
+) -> tuple[Event, RoomVersion, dict[tuple[str, str], str]]:
+    """Bob (on the remote server) joins the public room: his join, the room's version and
+    its current state before the join. Prev events default to the forward extremities."""
+    version, extremities, current = await engine.persister.get_room_state(room_id)
+    auth = [current[("m.room.power_levels", "")], current[("m.room.join_rules", "")]]
+    if not version.room_id_from_create_event:
+        auth.append(current[("m.room.create", "")])
+    join = remote_event(
+        remote_key,
+        version,
+        room_id,
+        BOB,
+        "m.room.member",
+        {"membership": "join"},
+        sorted(extremities) if prev_events is None else prev_events,
+        auth,
+        depth=depth,
+        state_key=BOB,
+    )
+    return join, version, current
 
 
 @pytest.mark.parametrize("version", sorted(KNOWN_ROOM_VERSIONS))
@@ -109,23 +143,8 @@ async def test_remote_join_message_and_rejection(
     engine: RoomEngine, remote_key: SigningKey
 ) -> None:
     room_id = await _public_room(engine)
-    version, extremities, current = await engine.persister.get_room_state(room_id)
-    tip = sorted(extremities)
-    auth = [current[("m.room.power_levels", "")], current[("m.room.join_rules", "")]]
-    if not version.room_id_from_create_event:
-        auth.append(current[("m.room.create", "")])
-    join = remote_event(
-        remote_key,
-        version,
-        room_id,
-        BOB,
-        "m.room.member",
-        {"membership": "join"},
-        tip,
-        auth,
-        depth=10,
-        state_key=BOB,
-    )
+    join, version, current = await _remote_join(engine, remote_key, room_id)
+    tip = join.prev_event_ids
     # A message sent before Bob's join is in the DAG: not allowed by its auth events.
     early = remote_event(
         remote_key,
@@ -166,22 +185,9 @@ async def test_soft_failure_against_current_state(
     engine: RoomEngine, remote_key: SigningKey
 ) -> None:
     room_id = await _public_room(engine)
-    version, extremities, current = await engine.persister.get_room_state(room_id)
+    join, version, current = await _remote_join(engine, remote_key, room_id)
     pl = current[("m.room.power_levels", "")]
-    jr = current[("m.room.join_rules", "")]
     base = [] if version.room_id_from_create_event else [current[("m.room.create", "")]]
-    join = remote_event(
-        remote_key,
-        version,
-        room_id,
-        BOB,
-        "m.room.member",
-        {"membership": "join"},
-        sorted(extremities),
-        [*base, pl, jr],
-        depth=10,
-        state_key=BOB,
-    )
     await engine.persister.persist_events([join])
     ban = await engine.creator.create_event(
         room_id, ALICE, "m.room.member", {"membership": "ban"}, state_key=BOB
@@ -225,22 +231,7 @@ async def test_persisting_twice_is_a_no_op(engine: RoomEngine, remote_key: Signi
 async def test_exact_bytes_are_kept(engine: RoomEngine, remote_key: SigningKey) -> None:
     """Unusual but valid JSON (order, whitespace, escapes, non-ASCII) is stored as is."""
     room_id = await _public_room(engine, "11")
-    version, extremities, current = await engine.persister.get_room_state(room_id)
-    join = remote_event(
-        remote_key,
-        version,
-        room_id,
-        BOB,
-        "m.room.member",
-        {"membership": "join"},
-        sorted(extremities),
-        [
-            current[k]
-            for k in [("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")]
-        ],
-        depth=10,
-        state_key=BOB,
-    )
+    join, version, current = await _remote_join(engine, remote_key, room_id)
     message = remote_event(
         remote_key,
         version,
@@ -396,24 +387,8 @@ async def test_dag_walking(engine: RoomEngine) -> None:
 
 async def test_fork_and_merge_resolves_state(engine: RoomEngine, remote_key: SigningKey) -> None:
     room_id = await _public_room(engine, "11")
-    version, extremities, current = await engine.persister.get_room_state(room_id)
-    create, pl, jr = (
-        current[k]
-        for k in [("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")]
-    )
-    tip = sorted(extremities)
-    join = remote_event(
-        remote_key,
-        version,
-        room_id,
-        BOB,
-        "m.room.member",
-        {"membership": "join"},
-        tip,
-        [create, pl, jr],
-        depth=10,
-        state_key=BOB,
-    )
+    join, version, current = await _remote_join(engine, remote_key, room_id)
+    create, pl = current[("m.room.create", "")], current[("m.room.power_levels", "")]
     await engine.persister.persist_events([join])
     # Alice sets a topic on a branch that has not seen Bob's join.
     topic = await engine.creator.create_event(
@@ -464,22 +439,8 @@ async def test_event_with_unknown_prev_events_is_an_outlier(
     engine: RoomEngine, remote_key: SigningKey
 ) -> None:
     room_id = await _public_room(engine, "11")
-    version, _, current = await engine.persister.get_room_state(room_id)
-    create, pl, jr = (
-        current[k]
-        for k in [("m.room.create", ""), ("m.room.power_levels", ""), ("m.room.join_rules", "")]
-    )
-    join = remote_event(
-        remote_key,
-        version,
-        room_id,
-        BOB,
-        "m.room.member",
-        {"membership": "join"},
-        ["$unknown_prev_event"],
-        [create, pl, jr],
-        depth=50,
-        state_key=BOB,
+    join, _, _ = await _remote_join(
+        engine, remote_key, room_id, prev_events=["$unknown_prev_event"], depth=50
     )
     (result,) = await engine.persister.persist_events([join])
     assert result.outlier and result.rejected_reason is None
