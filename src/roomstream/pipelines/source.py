@@ -63,7 +63,7 @@ from pyspark.sql.types import (
 
 from roomstream.pipelines.dbio import ReadConnection, config_from_options, read_connection
 from roomstream.storage import DatabaseConfig
-from roomstream.streams.registry import StreamDefinition, StreamTable, get_stream
+from roomstream.streams.registry import StreamDefinition, StreamTable, get_stream, range_query
 
 SOURCE_NAME = "roomstream"
 VIEWS = ("linear", "per_writer")
@@ -240,23 +240,8 @@ def _fetch_table(
 ) -> list[Fact]:
     """Rows of one table, as :func:`roomstream.streams.registry.get_updates_txn` selects them
     (same range, same order, same wire row), plus the extra columns."""
-    ref = table.ref
-    extras = _EXTRA_COLUMNS.get((stream.name, ref.table), ())
-    columns = ", ".join((*table.columns, *extras))
-    if stream.negative:
-        sql = (
-            f"SELECT -{ref.id_column}, {columns} FROM {ref.table}"
-            f" WHERE {ref.instance_column} = ? AND {ref.id_column} < ? AND {ref.id_column} >= ?"
-            f" ORDER BY {ref.id_column} DESC"
-        )
-        params: tuple[Any, ...] = (writer, -from_token, -upto_token)
-    else:
-        sql = (
-            f"SELECT {ref.id_column}, {columns} FROM {ref.table}"
-            f" WHERE {ref.instance_column} = ? AND {ref.id_column} > ? AND {ref.id_column} <= ?"
-            f" ORDER BY {ref.id_column}"
-        )
-        params = (writer, from_token, upto_token)
+    extras = _EXTRA_COLUMNS.get((stream.name, table.ref.table), ())
+    sql, params = range_query(stream, table, writer, from_token, upto_token, None, extras)
     n = len(table.columns)
     to_row = table.to_row
     facts = []

@@ -239,6 +239,36 @@ def get_updates_txn(
     return merged, new_upto, new_upto < upto_token
 
 
+def range_query(
+    stream: StreamDefinition,
+    table: StreamTable,
+    writer: str,
+    from_token: int,
+    upto_token: int,
+    limit: int | None = None,
+    extra_columns: Sequence[str] = (),
+) -> tuple[str, tuple[Any, ...]]:
+    """SQL (``?`` placeholders) and parameters selecting ``writer``'s rows of one table with
+    tokens in ``(from_token, upto_token]``, ascending: the token, ``table.columns``, then
+    ``extra_columns``. Shared by :func:`get_updates_txn` and the Spark source."""
+    ref = table.ref
+    columns = ", ".join((*table.columns, *extra_columns))
+    limit_sql = f" LIMIT {int(limit)}" if limit is not None else ""
+    if stream.negative:
+        return (
+            f"SELECT -{ref.id_column}, {columns} FROM {ref.table}"
+            f" WHERE {ref.instance_column} = ? AND {ref.id_column} < ? AND {ref.id_column} >= ?"
+            f" ORDER BY {ref.id_column} DESC{limit_sql}",
+            (writer, -from_token, -upto_token),
+        )
+    return (
+        f"SELECT {ref.id_column}, {columns} FROM {ref.table}"
+        f" WHERE {ref.instance_column} = ? AND {ref.id_column} > ? AND {ref.id_column} <= ?"
+        f" ORDER BY {ref.id_column}{limit_sql}",
+        (writer, from_token, upto_token),
+    )
+
+
 def _fetch(
     txn: Transaction,
     stream: StreamDefinition,
@@ -248,22 +278,6 @@ def _fetch(
     upto_token: int,
     limit: int | None,
 ) -> list[Update]:
-    ref = table.ref
-    columns = ", ".join(table.columns)
-    limit_sql = f" LIMIT {int(limit)}" if limit is not None else ""
-    if stream.negative:
-        sql = (
-            f"SELECT -{ref.id_column}, {columns} FROM {ref.table}"
-            f" WHERE {ref.instance_column} = ? AND {ref.id_column} < ? AND {ref.id_column} >= ?"
-            f" ORDER BY {ref.id_column} DESC{limit_sql}"
-        )
-        params: Sequence[Any] = (writer, -from_token, -upto_token)
-    else:
-        sql = (
-            f"SELECT {ref.id_column}, {columns} FROM {ref.table}"
-            f" WHERE {ref.instance_column} = ? AND {ref.id_column} > ? AND {ref.id_column} <= ?"
-            f" ORDER BY {ref.id_column}{limit_sql}"
-        )
-        params = (writer, from_token, upto_token)
+    sql, params = range_query(stream, table, writer, from_token, upto_token, limit)
     to_row = table.to_row
     return [(int(r[0]), to_row(tuple(r[1:]))) for r in txn.query(sql, params)]
