@@ -31,23 +31,14 @@ from roomstream.events.signing import (
     sign_event,
     verify_event_signature,
 )
+from tests.events.vectors import REAL_CREATE_EVENT, REAL_CREATE_EVENT_ID
 
 KEY = decode_signing_key_base64("ed25519", "a_test", "YJDBA9Xnr2sVqXD9Vj7XVUnmFZcZrlw8Md7kMW+3XA1")
+
 SERVER = "example.org"
 V12_ROOM = "!Nhcu5BS-UMnFX7hBVfVSoXiD7OgH6iRT-xyIuqDnpYQ"
-EID = "$Rqnc-F-dvnEYJTyHq_iKxU2bZ1CI92-kuZq3a5lr5Zg"
 
-REAL_CREATE_EVENT = (
-    b'{"auth_events": [], "prev_events": [], "type": "m.room.create", "room_id": '
-    b'"!uXDCzlYgCTHtiWCkEx:jki.re", "sender": "@erikj:jki.re", "content": {"room_version": '
-    b'"5", "predecessor": {"room_id": "!gdRMqOrTFdOCYHNwOo:half-shot.uk", "event_id": '
-    b'"$LP7ROBc4b+cMc1UE9haIz8q5AK2AIW4eJ90FfKLvyZI"}, "creator": "@erikj:jki.re"}, '
-    b'"depth": 1, "prev_state": [], "state_key": "", "origin": "jki.re", "origin_server_ts": '
-    b'1560284621137, "hashes": {"sha256": "IX6zuNiJpJPNf70BLleL3HSCpjKeq9Uhu7uUpyDjBmc"}, '
-    b'"signatures": {"jki.re": {"ed25519:auto": "O4IyFfF2PPtGp5uaDm8t57dZbdh8vc8Q64LgCwvzYRVIt'
-    b'AMI0uisfiAFaxkVT7MRpzh6N2QNN5NMRXZKmgPYDA"}}, "unsigned": {"age": 1321650}}'
-)
-REAL_CREATE_EVENT_ID = "$RrGxF28UrHLmoASHndYb9Jb_1SFww2ptmtur9INS438"
+EID = "$Rqnc-F-dvnEYJTyHq_iKxU2bZ1CI92-kuZq3a5lr5Zg"
 
 
 def room_for(version: RoomVersion) -> str:

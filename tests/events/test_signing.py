@@ -25,38 +25,17 @@ from roomstream.events.signing import (
 )
 
 # Spec appendix "Cryptographic test vectors".
+from tests.events.vectors import SPEC_MINIMAL_EVENT, SPEC_REDACTABLE_EVENT
+
 SEED = "YJDBA9Xnr2sVqXD9Vj7XVUnmFZcZrlw8Md7kMW+3XA1"
 KEY = decode_signing_key_base64("ed25519", "1", SEED)
 VERIFY_KEY = get_verify_key(KEY)
 
-MINIMAL: dict[str, Any] = {
-    "room_id": "!x:domain",
-    "sender": "@a:domain",
-    "origin": "domain",
-    "origin_server_ts": 1000000,
-    "signatures": {},
-    "hashes": {},
-    "type": "X",
-    "content": {},
-    "prev_events": [],
-    "auth_events": [],
-    "depth": 3,
-    "unsigned": {"age_ts": 1000000},
-}
+MINIMAL: dict[str, Any] = SPEC_MINIMAL_EVENT
 MINIMAL_SIG = (
     "KxwGjPSDEtvnFgU00fwFz+l6d2pJM6XBIaMEn81SXPTRl16AqLAYqfIReFGZlHi5KLjAWbOoMszkwsQma+lYAg"
 )
-REDACTABLE: dict[str, Any] = {
-    "content": {"body": "Here is the message content"},
-    "event_id": "$0:domain",
-    "origin": "domain",
-    "origin_server_ts": 1000000,
-    "type": "m.room.message",
-    "room_id": "!r:domain",
-    "sender": "@u:domain",
-    "signatures": {},
-    "unsigned": {"age_ts": 1000000},
-}
+REDACTABLE: dict[str, Any] = SPEC_REDACTABLE_EVENT
 REDACTABLE_SIG = (
     "Wm+VzmOUOz08Ds+0NTWb1d4CZrVsJSikkeRxh6aCcUwu6pNC78FunoD7KNWzqFn241eYHYMGCA5McEiVPdhzBA"
 )
