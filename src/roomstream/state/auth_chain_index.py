@@ -39,6 +39,10 @@ from dataclasses import dataclass
 
 __all__ = ["AuthChainIndex", "ChainKey", "ChainLink", "ChainPosition"]
 
+#: How far up a chain :meth:`AuthChainIndex.auth_chain_difference` looks for a common
+#: event before computing the common events' reach.
+_COVER_SCAN = 8
+
 ChainKey = tuple[str, str]
 """What a chain is a run of, e.g. the ``(type, state_key)`` of its events; optional."""
 
@@ -91,13 +95,15 @@ class AuthChainIndex:
     * ``_chains[c][s - 1]`` is the event at ``(c, s)``; sequence numbers start at 1;
     * within a chain, the event at ``s`` is in the auth chain of the event at ``s + 1``;
     * ``_links[c][t]`` holds the transitively closed, reach-increasing links from chain
-      ``c`` to chain ``t`` (never ``c == t``).
+      ``c`` to chain ``t`` (never ``c == t``);
+    * ``_incoming[t]`` is exactly the set of chains ``c`` with ``_links[c][t]``.
     """
 
     def __init__(self) -> None:
         self._positions: dict[str, tuple[int, int]] = {}
         self._chains: dict[int, list[str]] = {}
         self._links: dict[int, dict[int, _TargetLinks]] = {}
+        self._incoming: dict[int, set[int]] = {}
         self._chain_keys: dict[int, ChainKey] = {}
         self._next_chain_id = 1
 
@@ -155,7 +161,10 @@ class AuthChainIndex:
         new_links: list[ChainLink] = []
         chain_links = self._links.setdefault(chain_id, {})
         for target, target_seq in sorted(reach.items()):
-            links = chain_links.setdefault(target, _TargetLinks())
+            links = chain_links.get(target)
+            if links is None:
+                links = chain_links[target] = _TargetLinks()
+                self._incoming.setdefault(target, set()).add(chain_id)
             # Only store a link when it extends what the chain already reaches from below:
             # this keeps the per-pair target sequences strictly increasing.
             if links.reach(seq) < target_seq:
@@ -232,9 +241,11 @@ class AuthChainIndex:
                 or link.origin_chain_id == link.target_chain_id
             ):
                 raise ValueError(f"link {link} names an unknown chain or links a chain to itself")
-            pair = index._links.setdefault(link.origin_chain_id, {}).setdefault(
-                link.target_chain_id, _TargetLinks()
-            )
+            by_target = index._links.setdefault(link.origin_chain_id, {})
+            pair = by_target.get(link.target_chain_id)
+            if pair is None:
+                pair = by_target[link.target_chain_id] = _TargetLinks()
+                index._incoming.setdefault(link.target_chain_id, set()).add(link.origin_chain_id)
             # Rows that do not raise the reach are redundant; dropping them keeps the
             # strictly-increasing invariant that bisection relies on.
             if pair.reach(link.origin_sequence_number) < link.target_sequence_number:
@@ -252,14 +263,7 @@ class AuthChainIndex:
         events. Everything at or below the bound on that chain is in the set."""
         # Only the highest of the events on each chain matters: it reaches everything the
         # lower ones do.
-        highest: dict[int, int] = {}
-        for event_id in event_ids:
-            try:
-                chain_id, seq = self._positions[event_id]
-            except KeyError:
-                raise KeyError(f"event {event_id} is not in the auth chain index") from None
-            if highest.get(chain_id, 0) < seq:
-                highest[chain_id] = seq
+        highest = self._highest(event_ids)
         bounds: dict[int, int] = {}
         for chain_id, seq in highest.items():
             own = seq if inclusive else seq - 1
@@ -293,6 +297,45 @@ class AuthChainIndex:
         chain_id, seq = self._positions[ancestor_id]
         return self._upper_bounds([event_id], inclusive=False).get(chain_id, 0) >= seq
 
+    def _highest(self, event_ids: Iterable[str]) -> dict[int, int]:
+        """Per chain, the highest sequence number among the events."""
+        highest: dict[int, int] = {}
+        positions = self._positions
+        for event_id in event_ids:
+            try:
+                chain_id, seq = positions[event_id]
+            except KeyError:
+                raise KeyError(f"event {event_id} is not in the auth chain index") from None
+            if highest.get(chain_id, 0) < seq:
+                highest[chain_id] = seq
+        return highest
+
+    def _bounds_into(self, highest: Mapping[int, int], wanted: Mapping[int, int]) -> dict[int, int]:
+        """Like :meth:`_upper_bounds` (inclusive) for the events whose per-chain highest
+        sequence numbers are ``highest``, but only into the chains of ``wanted`` and only
+        up to ``wanted[chain]``: a bound is ``min(true bound, wanted[chain])``.
+
+        Found through the links *into* each chain, so the cost follows the chains asked
+        about, not the number of events; the scan stops once the wanted height is reached
+        (usually at once: a state set holds the latest event of the room's create, power
+        levels and join rules chains, the chains every other chain links to).
+        """
+        bounds: dict[int, int] = {}
+        for target, enough in wanted.items():
+            bound = highest.get(target, 0)
+            if bound < enough:
+                for origin in self._incoming.get(target, ()):
+                    origin_seq = highest.get(origin)
+                    if origin_seq is None:
+                        continue
+                    reach = self._links[origin][target].reach(origin_seq)
+                    if reach > bound:
+                        bound = reach
+                        if bound >= enough:
+                            break
+            bounds[target] = min(bound, enough)
+        return bounds
+
     def auth_chain_difference(self, state_sets: Sequence[Iterable[str]]) -> set[str]:
         """The auth chain difference (union minus intersection of the ``Cᵢ``) of the state sets.
 
@@ -302,14 +345,40 @@ class AuthChainIndex:
         union is everything up to the highest bound of any set and the intersection
         everything up to the lowest bound of all sets, so the difference is the range
         between the two: no event-by-event walk.
+
+        State sets being merged mostly share their events. With ``X`` the inclusive auth
+        chain of the events in every set and ``Yᵢ`` that of set ``i``'s other events,
+        ``Cᵢ = X | Yᵢ``, so the difference is ``(union(Yᵢ) - intersection(Yᵢ)) - X``: the
+        ranges come from the few differing events, and ``X`` is only consulted on the
+        chains those ranges touch. The cost follows what differs, not the room's state size.
         """
         if not state_sets:
             return set()
-        per_set = [self._upper_bounds(s, inclusive=True) for s in state_sets]
+        sets = [s if isinstance(s, (set, frozenset)) else set(s) for s in state_sets]
+        common: set[str] = set(sets[0]).intersection(*sets[1:])
+        per_set = [self._upper_bounds(s - common, inclusive=True) for s in sets]
         ranges: dict[int, tuple[int, int]] = {}
         for chain_id in set().union(*per_set):
             bounds = [b.get(chain_id, 0) for b in per_set]
-            ranges[chain_id] = (min(bounds), max(bounds))
+            low, high = min(bounds), max(bounds)
+            if high > low:
+                ranges[chain_id] = (low, high)
+        if common and ranges:
+            # A common event on the chain at or above the range's top covers the range
+            # (it reaches everything below it): usually the state's latest event of that
+            # chain's key, a step or two up. Only the rest need the common events' reach.
+            unresolved: dict[int, int] = {}
+            for chain_id, (_, high) in list(ranges.items()):
+                above = self._chains[chain_id][high - 1 : high - 1 + _COVER_SCAN]
+                if common.isdisjoint(above):
+                    unresolved[chain_id] = high
+                else:
+                    del ranges[chain_id]
+            if unresolved:
+                covered = self._bounds_into(self._highest(common), unresolved)
+                for chain_id, bound in covered.items():
+                    low, high = ranges[chain_id]
+                    ranges[chain_id] = (max(low, bound), high)
         return self._expand(ranges)
 
     def conflicted_subgraph(self, conflicted_event_ids: Iterable[str]) -> set[str]:
@@ -340,9 +409,11 @@ class AuthChainIndex:
         def descendant_low(chain_id: int) -> int:
             """Lowest sequence on the chain with a conflicted event in its auth chain."""
             low = lowest_conflicted.get(chain_id, len(self._chains[chain_id])) + 1
-            for target, links in self._links.get(chain_id, {}).items():
-                target_low = lowest_conflicted.get(target)
-                if target_low is None:
+            chain_links = self._links.get(chain_id, {})
+            # Few chains hold conflicted events: look those up rather than scan every link.
+            for target, target_low in lowest_conflicted.items():
+                links = chain_links.get(target)
+                if links is None:
                     continue
                 # The first link from this chain that reaches the target's lowest
                 # conflicted event: every later sequence on this chain reaches it too.
