@@ -26,9 +26,11 @@ from roomstream.events.room_versions import ROOM_V10, ROOM_V12, RoomVersion
 from roomstream.state.resolution import (
     ConflictedSubgraphStore,
     InMemoryStateResolutionStore,
+    ResolutionMemo,
     _conflicted_state_subgraph,
     _EventCache,
     resolve_state,
+    resolve_state_detailed,
     separate_state_sets,
 )
 from tests.state.test_resolution import (
@@ -144,7 +146,24 @@ async def check_properties(
         fallback = await resolve_state(dag.room_id, version, states, NoIndexStore(dag.store))
         assert fallback == resolved
 
-    unconflicted, _ = separate_state_sets(states)
+    # What the persister passes changes nothing: a superset of the differing keys (here
+    # the keys of every set plus one no set has) and a memo shared across resolutions.
+    candidates = set().union(*(s.keys() for s in states)) | {("m.room.topic", "unused")}
+    memo = ResolutionMemo()
+    for _ in range(2):  # the second run answers from the memo
+        detailed = await resolve_state_detailed(
+            dag.room_id, version, states, dag.store, memo, candidate_keys=candidates
+        )
+        assert detailed.state == resolved
+    # Outside the decided keys, the result holds what every state set agreed on.
+    for state in states:
+        for key in state.keys() | resolved.keys():
+            if key not in detailed.decided:
+                assert resolved.get(key) == state.get(key)
+
+    unconflicted, conflicted = separate_state_sets(states)
+    assert separate_state_sets(states, candidates) == (unconflicted, conflicted)
+    assert separate_state_sets(states, set(conflicted)) == (unconflicted, conflicted)
     assert {k: resolved.get(k) for k in unconflicted} == unconflicted
     assert all(event_id in dag.store for event_id in resolved.values())
     assert all(dag.store_event(v).state_tuple == k for k, v in resolved.items())

@@ -33,7 +33,8 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from roomstream.errors import AuthError
@@ -53,11 +54,14 @@ from roomstream.state.auth_chain_index import AuthChainIndex
 __all__ = [
     "ConflictedSubgraphStore",
     "InMemoryStateResolutionStore",
+    "Resolution",
+    "ResolutionMemo",
     "StateResolutionStore",
     "create_event_id_for_room",
     "effective_auth_event_ids",
     "is_power_event",
     "resolve_state",
+    "resolve_state_detailed",
     "separate_state_sets",
 ]
 
@@ -148,32 +152,49 @@ def is_power_event(event: Event) -> bool:
 
 def separate_state_sets(
     state_sets: Sequence[Mapping[StateKey, str]],
+    candidate_keys: Collection[StateKey] | None = None,
 ) -> tuple[dict[StateKey, str], dict[StateKey, set[str]]]:
     """Split the state sets into the *unconflicted state map* and the conflicts.
 
     A key is unconflicted iff every state set has it with the same event; anything else
     (different events, or missing from some set) is conflicted, and the conflicted map
     holds the events the sets that have the key give it.
+
+    ``candidate_keys``, when the caller knows them: keys outside which every state set
+    agrees (a superset of the conflicted keys, e.g. the keys changed since the sets'
+    common ancestor). Only those are compared, so merging two big states that differ in a
+    few keys costs a copy, not a comparison per key.
     """
-    unconflicted: dict[StateKey, str] = {}
+    if not state_sets:
+        return {}, {}
+    first, *rest = state_sets
     conflicted: dict[StateKey, set[str]] = {}
-    keys: set[StateKey] = set().union(*(s.keys() for s in state_sets))
-    for key in keys:
-        values = [s.get(key) for s in state_sets]
-        present = {v for v in values if v is not None}
-        if len(present) == 1 and None not in values:
-            unconflicted[key] = present.pop()
-        else:
-            conflicted[key] = present
+    if candidate_keys is not None:
+        unconflicted = dict(first)
+        for key in candidate_keys:
+            values = [s.get(key) for s in state_sets]
+            present = {v for v in values if v is not None}
+            if len(present) > 1 or (present and None in values):
+                conflicted[key] = present
+                unconflicted.pop(key, None)
+        return unconflicted, conflicted
+    # Set operations on the items views run in C: merged states share most entries.
+    unconflicted = dict(set(first.items()).intersection(*(s.items() for s in rest)))
+    for state in state_sets:
+        for key in state.keys() - unconflicted.keys():
+            conflicted.setdefault(key, set()).add(state[key])
     return unconflicted, conflicted
 
 
 class _EventCache:
     """Events fetched from the store during one resolution, checked to be in the room."""
 
-    def __init__(self, room_id: str, store: StateResolutionStore) -> None:
+    def __init__(
+        self, room_id: str, store: StateResolutionStore, memo: ResolutionMemo | None = None
+    ) -> None:
         self._room_id = room_id
         self._store = store
+        self.memo = memo
         self._events: dict[str, Event] = {}
         self._missing: set[str] = set()
 
@@ -222,7 +243,37 @@ async def resolve_state(
     room_version: RoomVersion,
     state_sets: Sequence[Mapping[StateKey, str]],
     store: StateResolutionStore,
+    memo: ResolutionMemo | None = None,
 ) -> dict[StateKey, str]:
+    """Resolve ``state_sets`` with state resolution v2 or v2.1 (per ``room_version``).
+
+    The resolved state of :func:`resolve_state_detailed`, which documents the algorithm.
+    """
+    resolution = await resolve_state_detailed(room_id, room_version, state_sets, store, memo)
+    return resolution.state
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A resolved state and the keys the algorithm decided.
+
+    Invariant: for every key not in ``decided``, ``state`` has the value every state set
+    agreed on (or lacks the key, as they all do). Callers turn the result into a delta from
+    any of the state sets by looking at ``decided`` alone.
+    """
+
+    state: dict[StateKey, str]
+    decided: frozenset[StateKey]
+
+
+async def resolve_state_detailed(
+    room_id: str,
+    room_version: RoomVersion,
+    state_sets: Sequence[Mapping[StateKey, str]],
+    store: StateResolutionStore,
+    memo: ResolutionMemo | None = None,
+    candidate_keys: Collection[StateKey] | None = None,
+) -> Resolution:
     """Resolve ``state_sets`` with state resolution v2 or v2.1 (per ``room_version``).
 
     Invariants:
@@ -239,14 +290,18 @@ async def resolve_state(
     modelled: the store is expected to hand back only events accepted against their own
     auth chains (events soft-failed against the state at them are fine and are re-authed
     here, as the spec's "Rejected events" section requires).
+
+    ``memo``: the room's :class:`ResolutionMemo`, if the caller keeps one; and
+    ``candidate_keys``: a superset of the keys the state sets disagree on, if the caller
+    knows one (see :func:`separate_state_sets`). Both change the cost, never the result.
     """
     if not state_sets:
-        return {}
-    unconflicted, conflicted = separate_state_sets(state_sets)
+        return Resolution({}, frozenset())
+    unconflicted, conflicted = separate_state_sets(state_sets, candidate_keys)
     if not conflicted:
-        return unconflicted
+        return Resolution(unconflicted, frozenset())
 
-    events = _EventCache(room_id, store)
+    events = _EventCache(room_id, store, memo)
     conflicted_ids: set[str] = set().union(*conflicted.values())
 
     # Full conflicted set = conflicted state set + auth difference ...
@@ -286,7 +341,9 @@ async def resolve_state(
 
     # Step 5: the unconflicted state map wins over anything the replay produced.
     resolved.update(unconflicted)
-    return resolved
+    # Only conflicted keys and keys of replayed events can differ from the agreed values.
+    decided = frozenset(conflicted).union(events[e].state_tuple for e in full_conflicted)
+    return Resolution(resolved, decided)
 
 
 async def _conflicted_state_subgraph(
@@ -446,12 +503,73 @@ async def _iterative_auth_checks(
     return state
 
 
+class ResolutionMemo:
+    """Facts derived from a room's events alone, kept between its resolutions.
+
+    A room's power levels history is walked by every resolution in the room, and a long
+    one made the mainline walk the slowest step of merges in big rooms. Event IDs are
+    hashes of the events' content (auth events included), so what is derived from an
+    event and the events its ID names never changes: a caller that persists a room keeps
+    one memo for it and passes it to every :func:`resolve_state` of the room. Only facts
+    derived from events that were all present are recorded (a missing event could appear
+    later). Bounded: each table is emptied when it reaches its limit.
+    """
+
+    def __init__(self, max_parents: int = 100_000, max_mainlines: int = 32) -> None:
+        self.max_parents = max_parents
+        self.max_mainlines = max_mainlines
+        #: Event ID -> the power levels event among its auth events.
+        self.power_levels_parent: dict[str, str] = {}
+        #: Power levels event ID -> its complete mainline (event ID -> index).
+        self.mainlines: dict[str, dict[str, int]] = {}
+
+    def remember_parent(self, event_id: str, parent_id: str) -> None:
+        if len(self.power_levels_parent) >= self.max_parents:
+            self.power_levels_parent.clear()
+        self.power_levels_parent[event_id] = parent_id
+
+    def remember_mainline(self, top_id: str, mainline: dict[str, int]) -> None:
+        if len(self.mainlines) >= self.max_mainlines:
+            self.mainlines.clear()
+        self.mainlines[top_id] = mainline
+
+
 async def _power_levels_auth_event(event: Event, events: _EventCache) -> str | None:
     """The ``m.room.power_levels`` event among the event's ``auth_events``, if any."""
+    memo = events.memo
+    if memo is not None:
+        known = memo.power_levels_parent.get(event.event_id)
+        if known is not None:
+            return known
     for auth_event in await events.auth_events(event):
         if auth_event.is_state() and auth_event.state_tuple == _POWER_LEVELS_KEY:
+            if memo is not None:
+                memo.remember_parent(event.event_id, auth_event.event_id)
             return auth_event.event_id
     return None
+
+
+async def _mainline(power_levels_id: str | None, events: _EventCache) -> dict[str, int]:
+    """The mainline of ``power_levels_id``: each power levels event -> its index."""
+    if power_levels_id is None:
+        return {}
+    memo = events.memo
+    cached = None if memo is None else memo.mainlines.get(power_levels_id)
+    if cached is not None:
+        return cached
+    mainline: dict[str, int] = {}
+    complete = True
+    current: str | None = power_levels_id
+    while current is not None and current not in mainline:
+        mainline[current] = len(mainline)
+        current_event = await events.get(current)
+        if current_event is None:
+            complete = False
+            break
+        current = await _power_levels_auth_event(current_event, events)
+    if complete and memo is not None:
+        memo.remember_mainline(power_levels_id, mainline)
+    return mainline
 
 
 async def _mainline_ordering(
@@ -469,20 +587,15 @@ async def _mainline_ordering(
     if not event_ids:
         return []
 
-    mainline: dict[str, int] = {}
-    current = power_levels_id
-    while current is not None and current not in mainline:
-        mainline[current] = len(mainline)
-        current_event = await events.get(current)
-        current = (
-            None if current_event is None else await _power_levels_auth_event(current_event, events)
-        )
+    mainline = await _mainline(power_levels_id, events)
 
     # Positions of power levels events already walked, shared by all events: every event's
     # chain of power levels ends on the mainline or at the room's first power levels.
     known: dict[str, int | float] = {}
 
     async def position(event: Event) -> int | float:
+        if not mainline:
+            return math.inf  # no walk can end on an empty mainline
         walked: list[str] = []
         next_id = await _power_levels_auth_event(event, events)
         result: int | float = math.inf
