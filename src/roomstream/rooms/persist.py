@@ -27,7 +27,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from roomstream.errors import AuthError
@@ -55,7 +55,11 @@ from roomstream.state.groups import (
     get_state_txn,
     state_delta,
 )
-from roomstream.state.resolution import effective_auth_event_ids, resolve_state
+from roomstream.state.resolution import (
+    ResolutionMemo,
+    effective_auth_event_ids,
+    resolve_state_detailed,
+)
 from roomstream.storage import Transaction
 from roomstream.streams import StreamSet
 
@@ -66,7 +70,15 @@ CREATE_KEY: StateKey = ("m.room.create", "")
 
 @dataclass(eq=False)
 class PendingGroup:
-    """A state group to create in the persist transaction: ``parent`` plus ``delta``."""
+    """A state group to create in the persist transaction: ``parent`` plus ``delta``.
+
+    After its transaction commits the object lives on (with ``group_id`` set) wherever it
+    is referenced, for its *lineage*: following ``parent`` links from two groups to their
+    nearest common ancestor names every key on which their states can differ (see
+    :func:`_changed_keys`). Invariant: the state of this group is exactly the state of
+    ``parent`` with ``delta`` applied. Lineage is trimmed to a bounded length
+    (:data:`LINEAGE_KEEP`) so a long-lived room does not keep its whole history alive.
+    """
 
     parent: GroupRef
     delta: dict[StateKey, str | None]
@@ -75,10 +87,71 @@ class PendingGroup:
     #: This group's full state while it is not yet stored.
     state: StateMap | None = None
     group_id: int | None = None
+    #: Steps from the first group of the lineage (only grows along parent links).
+    generation: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        parent = self.parent
+        self.generation = parent.generation + 1 if isinstance(parent, PendingGroup) else 1
+        if self.generation % LINEAGE_KEEP == 0:
+            _trim_lineage(self)
 
 
 GroupRef = int | PendingGroup | None
 """An existing state group, one about to be created, or None (the empty state)."""
+
+#: Lineage is cut every this many generations, keeping between one and two times as many.
+LINEAGE_KEEP = 256
+
+
+def _trim_lineage(group: PendingGroup) -> None:
+    """Cut the lineage ``LINEAGE_KEEP`` steps above ``group`` where it is already stored
+    (a stored parent is named by its ID instead of its object, which ends the walk)."""
+    ancestor: GroupRef = group
+    for _ in range(LINEAGE_KEEP):
+        if not isinstance(ancestor, PendingGroup):
+            return
+        ancestor = ancestor.parent
+    if isinstance(ancestor, PendingGroup) and ancestor.group_id is not None:
+        parent = ancestor.parent
+        if isinstance(parent, PendingGroup) and parent.group_id is not None:
+            ancestor.parent = parent.group_id
+
+
+def _lineage(ref: GroupRef) -> tuple[list[_GroupKey], list[Iterable[StateKey]]]:
+    """The groups from ``ref`` up its known lineage, and the keys each step changed:
+    ``deltas[i]`` turns the state of ``nodes[i + 1]`` into that of ``nodes[i]``."""
+    nodes = [_group_key(ref)]
+    deltas: list[Iterable[StateKey]] = []
+    while isinstance(ref, PendingGroup) and len(deltas) < 2 * LINEAGE_KEEP:
+        deltas.append(ref.delta.keys())
+        ref = ref.parent
+        nodes.append(_group_key(ref))
+    return nodes, deltas
+
+
+def _changed_keys(refs: Sequence[GroupRef]) -> set[StateKey] | None:
+    """A superset of the keys on which the states of ``refs`` differ, or None if their
+    lineages do not meet. The keys changed on the way from a common ancestor to each: any
+    other key has the ancestor's value in every one of them."""
+    first_nodes, first_deltas = _lineage(refs[0])
+    position: dict[_GroupKey, int] = {}
+    for i, node in enumerate(first_nodes):
+        position.setdefault(node, i)
+    changed: set[StateKey] = set()
+    top = 0  # the common ancestor is first_nodes[top]
+    for ref in refs[1:]:
+        nodes, deltas = _lineage(ref)
+        for i, node in enumerate(nodes):
+            meet = position.get(node)
+            if meet is not None:
+                changed.update(*deltas[:i])
+                top = max(top, meet)
+                break
+        else:
+            return None
+    changed.update(*first_deltas[:top])
+    return changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +192,7 @@ class _Room:
     index: AuthChainIndex
     #: Set when a batch built on this in-memory state failed to commit.
     poisoned: bool = False
+    memo: ResolutionMemo = field(default_factory=ResolutionMemo)
 
 
 @dataclass(eq=False)
@@ -472,11 +546,14 @@ class EventPersister:
             auth_ids = effective_auth_event_ids(event)
             auth_by_id = await self._events(auth_ids, contexts)
             batch_rejected = {i for i in auth_ids if i in contexts and contexts[i].rejected_reason}
+            # The event passed the rules with exactly these auth events (key -> event ID).
+            passed_with: dict[StateKey, str] | None = None
             try:
                 auth_map = check_auth_events_list(
                     event, auth_by_id, rejected_event_ids=rejected | batch_rejected
                 )
                 check_auth_rules(event, auth_map)
+                passed_with = {k: e.event_id for k, e in auth_map.items()}
             except AuthError as exc:
                 ctx.rejected_reason = exc.message
             # Only state events can be auth events, so only they need the auth chain
@@ -506,7 +583,9 @@ class EventPersister:
             # Local events were authorized against this very state by their creator (under
             # the room lock); everything else is checked against the state before it.
             if ctx.rejected_reason is None and not (local and state_before is current):
-                ctx.rejected_reason = await self._auth_against(room, event, state_before, contexts)
+                ctx.rejected_reason = await self._auth_against(
+                    room, event, state_before, contexts, passed_with
+                )
             # 3. Soft failure against the current state, for events from elsewhere.
             # (Against the same state it would repeat the check above.)
             if (
@@ -515,7 +594,7 @@ class EventPersister:
                 and not backfilled
                 and state_before is not current
             ):
-                reason = await self._auth_against(room, event, current, contexts)
+                reason = await self._auth_against(room, event, current, contexts, passed_with)
                 ctx.soft_failed = reason is not None
 
             # The state after it.
@@ -587,17 +666,26 @@ class EventPersister:
         self, room: _Room, refs: list[GroupRef], contexts: Mapping[str, _Context]
     ) -> tuple[GroupRef, StateMap]:
         states = [await self._state_of(ref, contexts) for ref in refs]
-        resolved = await resolve_state(
-            room.room_id, room.version, states, _ResolutionStore(self, room, contexts)
+        resolution = await resolve_state_detailed(
+            room.room_id,
+            room.version,
+            states,
+            _ResolutionStore(self, room, contexts),
+            room.memo,
+            candidate_keys=_changed_keys(refs),
         )
+        resolved = resolution.state
+        # Only decided keys can differ from any of the states (see Resolution).
+        decided = sorted(resolution.decided)
+        deltas = [
+            {k: resolved.get(k) for k in decided if state.get(k) != resolved.get(k)}
+            for state in states
+        ]
         # Store the merge as a delta from the parent it differs least from.
-        best = min(range(len(refs)), key=lambda i: len(state_delta(states[i], resolved)))
-        if states[best] == resolved:
+        best = min(range(len(refs)), key=lambda i: len(deltas[i]))
+        if not deltas[best]:
             return refs[best], states[best]
-        merged = PendingGroup(
-            refs[best], state_delta(states[best], resolved), states[best], resolved
-        )
-        return merged, resolved
+        return PendingGroup(refs[best], deltas[best], states[best], resolved), resolved
 
     async def _auth_against(
         self,
@@ -605,8 +693,14 @@ class EventPersister:
         event: Event,
         state: Mapping[StateKey, str],
         contexts: Mapping[str, _Context],
+        passed_with: Mapping[StateKey, str] | None = None,
     ) -> str | None:
-        """None if ``event`` passes the rules against ``state``, else the reason."""
+        """None if ``event`` passes the rules against ``state``, else the reason.
+
+        ``passed_with``: auth events (key -> event ID) the event is known to pass with; when
+        ``state`` selects exactly those, the rules would see the same input, so they are
+        not run again (the usual case: a sender picks auth events from the state it has).
+        """
         if event.type == "m.room.create":
             return None
         keys = auth_types_for_event(
@@ -614,6 +708,8 @@ class EventPersister:
         )
         keys.append(CREATE_KEY)
         wanted = {k: state[k] for k in keys if k in state}
+        if passed_with is not None and wanted == passed_with:
+            return None
         events = await self._events(wanted.values(), contexts)
         auth_events = {k: events[v] for k, v in wanted.items() if v in events}
         try:
