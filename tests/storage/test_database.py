@@ -166,6 +166,28 @@ async def test_sqlite_work_does_not_block_the_event_loop(tmp_path: object) -> No
         await db.close()
 
 
+async def test_inline_database_runs_on_the_callers_thread_and_rolls_back(
+    tmp_path: object,
+) -> None:
+    """An inline database (a batch task's scratch space) runs interactions on the calling
+    thread, with the same transaction guarantees."""
+    db = connect(DatabaseConfig(engine="sqlite", path=f"{tmp_path}/inline.db"), inline=True)
+    try:
+        await db.run_interaction(_create_kv)
+        ran_on = await db.run_interaction(lambda t: threading.get_ident())
+        assert ran_on == threading.get_ident()
+
+        def half_then_fail(txn: Transaction) -> None:
+            txn.execute("INSERT INTO kv (k, v) VALUES ('x', 1)")
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            await db.run_interaction(half_then_fail)
+        assert await db.run_interaction(lambda t: t.query("SELECT * FROM kv")) == []
+    finally:
+        await db.close()
+
+
 async def test_insert_many_round_trips_types(database: Database) -> None:
     def create(txn: Transaction) -> None:
         txn.execute(

@@ -308,7 +308,8 @@ async def persist_rooms(
     started = time.perf_counter()
     result = PartResult(index=-1, path=path)
     progress = _Progress(progress_path or path + ".progress")
-    db: Database = connect(DatabaseConfig(engine="sqlite", path=path))
+    # The part database is this task's alone: no worker-thread hop per interaction.
+    db: Database = connect(DatabaseConfig(engine="sqlite", path=path), inline=True)
     try:
         _scratch_pragmas(db)
         await prepare_database(db)

@@ -112,10 +112,17 @@ class Transaction:
 
 
 class Database:
-    """A pool of worker threads running interactions against one engine."""
+    """A pool of worker threads running interactions against one engine.
 
-    def __init__(self, engine: Engine) -> None:
+    With ``inline=True`` interactions run on the calling thread instead, blocking the event
+    loop while they do. That is only right for a database nothing else waits on: the
+    scratch database of a batch task, used by one coroutine at a time, where the hop to a
+    worker thread and back would cost more than the SQL (about 0.25 ms per interaction).
+    """
+
+    def __init__(self, engine: Engine, *, inline: bool = False) -> None:
         self.engine = engine
+        self.inline = inline
         self._executor = ThreadPoolExecutor(
             max_workers=engine.concurrency, thread_name_prefix=f"db-{engine.name}"
         )
@@ -165,10 +172,13 @@ class Database:
         Committed when it returns; rolled back (leaving nothing behind) when it raises;
         retried from scratch on a serialization failure or deadlock.
         """
-        loop = asyncio.get_running_loop()
-        result, callbacks = await loop.run_in_executor(
-            self._executor, lambda: self._run_sync(func, *args, **kwargs)
-        )
+        if self.inline:
+            result, callbacks = self._run_sync(func, *args, **kwargs)
+        else:
+            loop = asyncio.get_running_loop()
+            result, callbacks = await loop.run_in_executor(
+                self._executor, lambda: self._run_sync(func, *args, **kwargs)
+            )
         for callback in callbacks:
             callback()
         return result
@@ -193,6 +203,9 @@ class Database:
         self.engine.close()
 
 
-def connect(config: DatabaseConfig) -> Database:
-    """Open a database (without preparing its schema; see :func:`prepare_database`)."""
-    return Database(create_engine(config))
+def connect(config: DatabaseConfig, *, inline: bool = False) -> Database:
+    """Open a database (without preparing its schema; see :func:`prepare_database`).
+
+    ``inline``: run interactions on the caller's thread (see :class:`Database`).
+    """
+    return Database(create_engine(config), inline=inline)
