@@ -137,6 +137,48 @@ def test_auth_chain_difference_of_overlapping_sets_matches_naive_walk(
     assert reloaded.auth_chain_difference(sets) == naive_difference(dag, sets)
 
 
+@st.composite
+def dag_and_state_maps(draw: st.DrawFn) -> tuple[Dag, list[dict[ChainKey, str]], int]:
+    """A DAG and state maps over it (one event per key, keys as the index chains them),
+    sharing a base map and each changing or dropping a few keys."""
+    dag = draw(auth_dags(max_events=40))
+    nkeys = draw(st.integers(min_value=0, max_value=4))
+
+    def key(event_id: str) -> ChainKey:
+        # Unkeyed chains (nkeys == 0): every event is its own key.
+        return key_of(event_id, nkeys) or ("m.event", event_id)
+
+    by_key: dict[ChainKey, list[str]] = {}
+    for event_id in dag:
+        by_key.setdefault(key(event_id), []).append(event_id)
+    keys = sorted(by_key)
+    base = {k: draw(st.sampled_from(by_key[k])) for k in draw(st.sets(st.sampled_from(keys)))}
+    maps = []
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        state = dict(base)
+        for k in draw(st.sets(st.sampled_from(keys), max_size=3)):
+            if draw(st.booleans()):
+                state[k] = draw(st.sampled_from(by_key[k]))
+            else:
+                state.pop(k, None)
+        maps.append(state)
+    return dag, maps, nkeys
+
+
+@settings(max_examples=300, deadline=None)
+@given(dag_and_state_maps())
+def test_auth_chain_difference_of_states_matches_naive_walk(
+    case: tuple[Dag, list[dict[ChainKey, str]], int],
+) -> None:
+    dag, maps, nkeys = case
+    index = build(dag, nkeys)
+    first, *rest = maps
+    shared = {k: v for k, v in first.items() if all(m.get(k) == v for m in rest)}
+    differing = [{v for k, v in m.items() if shared.get(k) != v} for m in maps]
+    expected = naive_difference(dag, [set(m.values()) for m in maps])
+    assert index.auth_chain_difference_of_states(shared, differing) == expected
+
+
 @settings(max_examples=200, deadline=None)
 @given(dag_and_sets())
 def test_conflicted_subgraph_matches_naive_walk(case: tuple[Dag, list[set[str]], int]) -> None:

@@ -118,39 +118,66 @@ def _trim_lineage(group: PendingGroup) -> None:
             ancestor.parent = parent.group_id
 
 
-def _lineage(ref: GroupRef) -> tuple[list[_GroupKey], list[Iterable[StateKey]]]:
-    """The groups from ``ref`` up its known lineage, and the keys each step changed:
-    ``deltas[i]`` turns the state of ``nodes[i + 1]`` into that of ``nodes[i]``."""
-    nodes = [_group_key(ref)]
-    deltas: list[Iterable[StateKey]] = []
-    while isinstance(ref, PendingGroup) and len(deltas) < 2 * LINEAGE_KEEP:
-        deltas.append(ref.delta.keys())
-        ref = ref.parent
-        nodes.append(_group_key(ref))
-    return nodes, deltas
+class _Walk:
+    """A walk up one group's lineage, one step at a time.
+
+    ``nodes[i]`` is the group ``i`` steps up; ``deltas[i]`` (the keys of a delta) turns the
+    state of ``nodes[i + 1]`` into that of ``nodes[i]``; ``index`` maps a node to ``i``.
+    """
+
+    __slots__ = ("deltas", "index", "nodes", "ref")
+
+    def __init__(self, ref: GroupRef) -> None:
+        self.ref = ref
+        self.nodes = [_group_key(ref)]
+        self.deltas: list[Iterable[StateKey]] = []
+        self.index = {self.nodes[0]: 0}
+
+    def step(self) -> bool:
+        """Go one group up; False at the end of the known lineage or the walk limit."""
+        ref = self.ref
+        if not isinstance(ref, PendingGroup) or len(self.deltas) >= 2 * LINEAGE_KEEP:
+            return False
+        self.deltas.append(ref.delta.keys())
+        self.ref = ref.parent
+        node = _group_key(self.ref)
+        self.index.setdefault(node, len(self.nodes))
+        self.nodes.append(node)
+        return True
+
+
+def _meet(first: _Walk, other: _Walk) -> tuple[int, int] | None:
+    """Steps up ``first`` and ``other`` to their nearest common group, walking both in
+    turn so the cost follows the distance to it (forks are usually short)."""
+    while True:
+        meet = first.index.get(other.nodes[-1])
+        if meet is not None:
+            return meet, len(other.nodes) - 1
+        meet = other.index.get(first.nodes[-1])
+        if meet is not None:
+            return len(first.nodes) - 1, meet
+        stepped_first = first.step()
+        stepped_other = other.step()
+        if not (stepped_first or stepped_other):
+            return None
 
 
 def _changed_keys(refs: Sequence[GroupRef]) -> set[StateKey] | None:
     """A superset of the keys on which the states of ``refs`` differ, or None if their
     lineages do not meet. The keys changed on the way from a common ancestor to each: any
     other key has the ancestor's value in every one of them."""
-    first_nodes, first_deltas = _lineage(refs[0])
-    position: dict[_GroupKey, int] = {}
-    for i, node in enumerate(first_nodes):
-        position.setdefault(node, i)
+    first = _Walk(refs[0])
     changed: set[StateKey] = set()
-    top = 0  # the common ancestor is first_nodes[top]
+    top = 0  # the common ancestor of all is first.nodes[top]
     for ref in refs[1:]:
-        nodes, deltas = _lineage(ref)
-        for i, node in enumerate(nodes):
-            meet = position.get(node)
-            if meet is not None:
-                changed.update(*deltas[:i])
-                top = max(top, meet)
-                break
-        else:
+        other = _Walk(ref)
+        meet = _meet(first, other)
+        if meet is None:
             return None
-    changed.update(*first_deltas[:top])
+        on_first, on_other = meet
+        changed.update(*other.deltas[:on_other])
+        top = max(top, on_first)
+    changed.update(*first.deltas[:top])
     return changed
 
 
@@ -1060,3 +1087,8 @@ class _ResolutionStore:
         self, room_id: str, conflicted_event_ids: set[str]
     ) -> set[str]:
         return self._room.index.conflicted_subgraph(conflicted_event_ids)
+
+    async def get_auth_chain_difference_of_states(
+        self, room_id: str, shared: Mapping[StateKey, str], differing: Sequence[set[str]]
+    ) -> set[str]:
+        return self._room.index.auth_chain_difference_of_states(shared, differing)

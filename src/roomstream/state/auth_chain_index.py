@@ -166,8 +166,9 @@ class AuthChainIndex:
                 links = chain_links[target] = _TargetLinks()
                 self._incoming.setdefault(target, set()).add(chain_id)
             # Only store a link when it extends what the chain already reaches from below:
-            # this keeps the per-pair target sequences strictly increasing.
-            if links.reach(seq) < target_seq:
+            # this keeps the per-pair target sequences strictly increasing. (The new event
+            # is the chain's highest, so what lies below reaches the last link's target.)
+            if not links.targets or links.targets[-1] < target_seq:
                 links.origins.append(seq)
                 links.targets.append(target_seq)
                 new_links.append(ChainLink(chain_id, seq, target, target_seq))
@@ -270,7 +271,9 @@ class AuthChainIndex:
             if bounds.get(chain_id, 0) < own:
                 bounds[chain_id] = own
             for target, links in self._links.get(chain_id, {}).items():
-                target_seq = links.reach(seq)
+                # Most events asked about are their chain's latest: skip the bisection.
+                origins = links.origins
+                target_seq = links.targets[-1] if seq >= origins[-1] else links.reach(seq)
                 if bounds.get(target, 0) < target_seq:
                     bounds[target] = target_seq
         return bounds
@@ -379,6 +382,61 @@ class AuthChainIndex:
                 for chain_id, bound in covered.items():
                     low, high = ranges[chain_id]
                     ranges[chain_id] = (max(low, bound), high)
+        return self._expand(ranges)
+
+    def auth_chain_difference_of_states(
+        self, shared: Mapping[ChainKey, str], differing: Sequence[Iterable[str]]
+    ) -> set[str]:
+        """:meth:`auth_chain_difference` of state sets given as what they share and what
+        they do not: state set ``i`` is ``shared.values() | differing[i]``.
+
+        ``shared`` is a state map (one event per key: the unconflicted state map) whose
+        events are in every set. Because chains are keyed by ``(type, state_key)`` and
+        ``shared`` holds one event per key, the shared event on any keyed chain is found
+        by its key, so the shared events' reach into a chain comes from the links into
+        that chain without going over the shared events at all: a merge costs what
+        differs, however big the room's state. (Unkeyed chains fall back to a pass over
+        the shared events.) Shared events not in the index contribute nothing.
+        """
+        per_set = [self._upper_bounds(d, inclusive=True) for d in differing]
+        if not per_set:
+            return set()
+        ranges: dict[int, tuple[int, int]] = {}
+        for chain_id in set().union(*per_set):
+            bounds = [b.get(chain_id, 0) for b in per_set]
+            low, high = min(bounds), max(bounds)
+            if high > low:
+                ranges[chain_id] = (low, high)
+        if not shared or not ranges:
+            return self._expand(ranges)
+
+        positions, chain_keys = self._positions, self._chain_keys
+        fallback: dict[int, int] | None = None
+
+        def shared_top(chain_id: int) -> int:
+            """The sequence number of the shared event on the chain (0: none)."""
+            nonlocal fallback
+            key = chain_keys.get(chain_id)
+            if key is None:
+                if fallback is None:
+                    fallback = self._highest(e for e in shared.values() if e in positions)
+                return fallback.get(chain_id, 0)
+            event_id = shared.get(key)
+            position = positions.get(event_id) if event_id is not None else None
+            return position[1] if position is not None and position[0] == chain_id else 0
+
+        for chain_id, (low, high) in list(ranges.items()):
+            bound = shared_top(chain_id)
+            if bound < high:
+                for origin in self._incoming.get(chain_id, ()):
+                    origin_seq = shared_top(origin)
+                    if origin_seq:
+                        reach = self._links[origin][chain_id].reach(origin_seq)
+                        if reach > bound:
+                            bound = reach
+                            if bound >= high:
+                                break
+            ranges[chain_id] = (max(low, bound), high)
         return self._expand(ranges)
 
     def conflicted_subgraph(self, conflicted_event_ids: Iterable[str]) -> set[str]:

@@ -56,6 +56,7 @@ __all__ = [
     "InMemoryStateResolutionStore",
     "Resolution",
     "ResolutionMemo",
+    "StateDifferenceStore",
     "StateResolutionStore",
     "create_event_id_for_room",
     "effective_auth_event_ids",
@@ -92,6 +93,17 @@ class StateResolutionStore(Protocol):
 
     async def get_auth_chain_difference(
         self, room_id: str, state_sets: Sequence[set[str]]
+    ) -> set[str]: ...
+
+
+@runtime_checkable
+class StateDifferenceStore(Protocol):
+    """Optional extra: the auth difference of state sets given as the unconflicted state
+    map (events in every set, by key) and each set's other events. Cheaper than
+    ``get_auth_chain_difference`` when the sets are big and differ little; same answer."""
+
+    async def get_auth_chain_difference_of_states(
+        self, room_id: str, shared: Mapping[StateKey, str], differing: Sequence[set[str]]
     ) -> set[str]: ...
 
 
@@ -305,9 +317,17 @@ async def resolve_state_detailed(
     conflicted_ids: set[str] = set().union(*conflicted.values())
 
     # Full conflicted set = conflicted state set + auth difference ...
-    full_conflicted = conflicted_ids | await store.get_auth_chain_difference(
-        room_id, [set(s.values()) for s in state_sets]
-    )
+    if isinstance(store, StateDifferenceStore):
+        # An event is in every state set iff it is an unconflicted value.
+        differing = [{s[k] for k in conflicted if k in s} for s in state_sets]
+        difference = await store.get_auth_chain_difference_of_states(
+            room_id, unconflicted, differing
+        )
+    else:
+        difference = await store.get_auth_chain_difference(
+            room_id, [set(s.values()) for s in state_sets]
+        )
+    full_conflicted = conflicted_ids | difference
     v2_1 = room_version.state_resolution is StateResolutionAlgorithm.V2_1
     if v2_1:
         # ... + (v2.1, MSC4297 modification 2) the conflicted state subgraph.
@@ -696,3 +716,8 @@ class InMemoryStateResolutionStore:
         self, room_id: str, conflicted_event_ids: set[str]
     ) -> set[str]:
         return self.index.conflicted_subgraph(conflicted_event_ids)
+
+    async def get_auth_chain_difference_of_states(
+        self, room_id: str, shared: Mapping[StateKey, str], differing: Sequence[set[str]]
+    ) -> set[str]:
+        return self.index.auth_chain_difference_of_states(shared, differing)
