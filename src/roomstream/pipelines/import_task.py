@@ -131,6 +131,55 @@ def key_line(item: tuple[bytes, int]) -> tuple[str, tuple[int, bytes]]:
     return NO_ROOM, (line, raw)
 
 
+LinePosition = tuple[int, int]
+"""Where a line is before numbering: (input split, index within the split)."""
+
+
+def key_split(
+    index: int, lines: Iterable[bytes]
+) -> Iterator[tuple[str, tuple[LinePosition, bytes]]]:
+    """:func:`key_line` for the lines of input split ``index``, numbered within the split.
+
+    Global line numbers need every earlier split's line count; :func:`split_stats` counts
+    them in the same pass that counts lines per room, and :func:`number_lines` turns the
+    positions into line numbers in the persisting task (no separate numbering pass over
+    the input, as ``zipWithIndex`` would make).
+    """
+    for offset, raw in enumerate(lines):
+        room, (_, raw_bytes) = key_line((raw, 0))
+        yield room, ((index, offset), raw_bytes)
+
+
+def split_stats(
+    index: int, keyed: Iterable[tuple[str, tuple[LinePosition, bytes]]]
+) -> Iterator[tuple[int, int, dict[str, int]]]:
+    """(split index, lines in the split, lines per room) for one split."""
+    rooms: dict[str, int] = defaultdict(int)
+    count = 0
+    for room, _ in keyed:
+        rooms[room] += 1
+        count += 1
+    yield index, count, dict(rooms)
+
+
+def split_offsets(stats: Iterable[tuple[int, int, Mapping[str, int]]]) -> dict[int, int]:
+    """Lines before each split: what turns a split position into a line number."""
+    offsets: dict[int, int] = {}
+    total = 0
+    for index, count, _ in sorted(stats, key=lambda s: s[0]):
+        offsets[index] = total
+        total += count
+    return offsets
+
+
+def number_lines(
+    rows: Iterable[tuple[str, tuple[LinePosition, bytes]]], offsets: Mapping[int, int]
+) -> Iterator[tuple[str, tuple[int, bytes]]]:
+    """Replace split positions by 1-based line numbers of the whole input."""
+    for room, ((split, offset), raw) in rows:
+        yield room, (offsets[split] + offset + 1, raw)
+
+
 def partition_of(room_id: str) -> int:
     """A stable hash of a room ID (Python's ``hash`` of a str differs between processes)."""
     return zlib.crc32(room_id.encode("utf-8", "surrogatepass"))
@@ -358,15 +407,18 @@ async def persist_rooms(
 
 
 def persist_partition(
-    index: int, rows: Iterable[tuple[str, tuple[int, bytes]]], settings: TaskSettings
+    index: int,
+    rows: Iterable[tuple[str, tuple[LinePosition, bytes]]],
+    settings: TaskSettings,
+    offsets: Broadcast[dict[int, int]],
 ) -> Iterator[PartResult]:
-    """The Spark task: group the partition's lines by room and persist them.
+    """The Spark task: number the partition's lines, group them by room, persist them.
 
     Yields exactly one :class:`PartResult`; an empty partition creates no database
     (``path`` is empty).
     """
     rooms: dict[str, list[tuple[int, bytes]]] = defaultdict(list)
-    for room_id, (line, raw) in rows:
+    for room_id, (line, raw) in number_lines(rows, offsets.value):
         if raw.strip():
             rooms[room_id].append((line, bytes(raw)))
     if not rooms:

@@ -3,9 +3,10 @@
 The input is JSON lines, one federation PDU per line, in any order (what
 ``roomstream generate`` writes). The import:
 
-1. reads the lines with Spark, numbering them (``zipWithIndex``: line numbers for reports);
-2. keys each line by room ID (a v12 create event's room ID is derived from its event ID),
-   counts lines per room and repartitions by room, balancing lines per task (largest rooms
+1. reads the lines with Spark and keys each line by room ID (a v12 create event's room ID
+   is derived from its event ID), in one pass that also counts lines per room and per
+   input split (the split counts give the line numbers for reports);
+2. repartitions by room, balancing lines per task (largest rooms
    first, heaviest task first: :func:`import_task.plan_partitions`), so each room is in
    exactly one task;
 3. in each task, persists the task's rooms through the online persistence code,
@@ -38,12 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import operator
 import os
 import shutil
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -65,9 +66,11 @@ from roomstream.pipelines.import_task import (
     PartResult,
     TaskSettings,
     assigned_partition,
-    key_line,
+    key_split,
     persist_partition,
     plan_partitions,
+    split_offsets,
+    split_stats,
 )
 from roomstream.storage import DatabaseConfig, Transaction, connect, prepare_database
 from roomstream.streams import StreamSet
@@ -217,11 +220,20 @@ def _run_spark(
     uri = Path(path).resolve().as_uri()
     # use_unicode=False: the raw bytes of each line (the stubs only know the str form).
     lines = cast("RDD[bytes]", sc.textFile(uri, minPartitions=partitions, use_unicode=False))
-    keyed = lines.zipWithIndex().map(key_line).persist(StorageLevel.MEMORY_AND_DISK)
-    sizes = dict(keyed.map(lambda kv: (kv[0], 1)).reduceByKey(operator.add).collect())
+    # One pass keys the lines and counts them per room and per input split (the counts
+    # number the lines later, in the tasks); no shuffle until the repartition by room.
+    keyed = lines.mapPartitionsWithIndex(key_split).persist(StorageLevel.MEMORY_AND_DISK)
+    stats = keyed.mapPartitionsWithIndex(split_stats).collect()
+    sizes: dict[str, int] = defaultdict(int)
+    for _, _, per_room in stats:
+        for room, count in per_room.items():
+            sizes[room] += count
     assignment = sc.broadcast(plan_partitions(sizes, partitions))
+    offsets = sc.broadcast(split_offsets(stats))
     by_room = keyed.partitionBy(partitions, partial(assigned_partition, assignment=assignment))
-    job = by_room.mapPartitionsWithIndex(partial(persist_partition, settings=settings))
+    job = by_room.mapPartitionsWithIndex(
+        partial(persist_partition, settings=settings, offsets=offsets)
+    )
     outcome: dict[str, Any] = {}
     group = f"roomstream-import-{os.getpid()}-{time.monotonic_ns()}"
 
@@ -245,6 +257,7 @@ def _run_spark(
     finally:
         keyed.unpersist()
         assignment.destroy()
+        offsets.destroy()
     if "error" in outcome:
         raise RuntimeError(f"the import's Spark job failed: {outcome['error']}") from outcome[
             "error"
