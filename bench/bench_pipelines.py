@@ -86,6 +86,7 @@ async def _migrate(path: str) -> None:
 def bench_source(spark: Any, tmp: str, rows: int, runs: int = 2) -> dict[str, Any]:
     path = os.path.join(tmp, "source.db")
     prepare_rows(path, rows)
+    loadavg_before = list(os.getloadavg())
     results = []
     for run in range(runs):
         started = time.perf_counter()
@@ -113,6 +114,7 @@ def bench_source(spark: Any, tmp: str, rows: int, runs: int = 2) -> dict[str, An
     best = min(results, key=lambda r: r["batch_seconds"])
     return {
         "rows": rows,
+        "loadavg_before": loadavg_before,
         "runs": results,
         "facts_per_second_batches": best["rows"] / best["batch_seconds"],
         "facts_per_second_wall": best["rows"] / best["wall_seconds"],
@@ -135,6 +137,7 @@ async def bench_latency(spark: Any, tmp: str, samples: int) -> dict[str, Any]:
         processing_time="100 milliseconds",
     )
     latencies = []
+    loadavg_before = list(os.getloadavg())
     try:
         query.processAllAvailable()
 
@@ -162,6 +165,7 @@ async def bench_latency(spark: Any, tmp: str, samples: int) -> dict[str, Any]:
     p99_index = min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))
     return {
         "samples": len(latencies),
+        "loadavg_before": loadavg_before,
         "trigger": "processingTime 100 ms",
         "p50_seconds": statistics.median(latencies),
         "p99_seconds": latencies[p99_index],

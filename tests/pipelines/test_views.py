@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
 from roomstream.pipelines.views import (
+    VIEWS_MAX_BATCH_ROWS,
     EventJsonContentLookup,
     MappingContentLookup,
     ViewsSink,
     read_snapshot,
     rebuild_views,
     start_views_query,
+    summarize_facts,
 )
 from roomstream.storage import Database, DatabaseConfig, Transaction
 from tests.pipelines.scenario import PRIV, PUB, SOLO, Scenario
@@ -31,13 +34,22 @@ def contents_txn(txn: Transaction) -> dict[str, dict[str, object]]:
     }
 
 
+@pytest.mark.parametrize("batch_rows", [VIEWS_MAX_BATCH_ROWS, 2], ids=["default", "tiny"])
 async def test_streaming_views_equal_rebuild(
-    spark: SparkSession, db_config: DatabaseConfig, database: Database, tmp_path: Path
+    spark: SparkSession,
+    db_config: DatabaseConfig,
+    database: Database,
+    tmp_path: Path,
+    batch_rows: int,
 ) -> None:
+    """The driver-side summaries (one Spark job a batch) equal Spark's aggregation in the
+    rebuild, whether a step arrives in one micro-batch or is cut into batches of 2 facts."""
     scenario = Scenario(database)
     await scenario.setup()
     sink = ViewsSink(db_config, lookup=EventJsonContentLookup(), parquet_path=str(tmp_path / "pq"))
-    query, _ = start_views_query(spark, db_config, str(tmp_path / "ckpt"), sink=sink)
+    query, _ = start_views_query(
+        spark, db_config, str(tmp_path / "ckpt"), sink=sink, max_rows_per_batch=batch_rows
+    )
     try:
         for i in range(Scenario.STEPS):
             await scenario.step(i)
@@ -73,3 +85,44 @@ async def test_streaming_views_equal_rebuild(
     # Writing the rebuild replaces the tables with identical contents.
     rebuild_views(spark, db_config, lookup=lookup, write=True)
     assert read_snapshot(db_config) == streamed
+
+
+def test_summarize_facts_follows_spark_semantics() -> None:
+    """Counted events exclude outliers and rejected events (a NULL flag counts as false);
+    days are floor(ts / day) (negative timestamps go to the day before 1970); a state
+    delta takes its membership from a member event of the same batch, else NULL."""
+    day = 86_400_000
+    rows = [
+        # kind, event_id, room, type, state_key, membership, rejected, outlier, sender, ts, sid
+        ("ev", "$m", "!a", "m.room.message", None, None, False, False, "@u", 5, 1),
+        ("ev", "$n", "!a", "m.room.message", None, None, None, None, "@u", -5, 2),
+        ("ev", "$o", "!a", "m.room.message", None, None, False, True, "@o", 9 * day, 3),
+        ("ev", "$r", "!b", "m.room.message", None, None, True, False, "@r", 9 * day, 4),
+        ("ev", "$j", "!b", "m.room.member", "@u", "join", False, False, "@u", day + 1, 5),
+        ("state", "$j", "!b", "m.room.member", "@u", None, None, None, None, None, 5),
+        ("state", "$x", "!b", "m.room.member", "@v", None, None, None, None, None, 6),
+        ("state", None, "!c", "m.room.topic", "", None, None, None, None, None, 7),
+    ]
+    names = (
+        "kind", "event_id", "room_id", "event_type", "state_key", "membership", "rejected",
+        "outlier", "sender", "origin_server_ts", "stream_id",
+    )  # fmt: skip
+    types = {"rejected": pa.bool_(), "outlier": pa.bool_(), "origin_server_ts": pa.int64()}
+    table = pa.table(
+        {
+            n: pa.array(
+                [r[i] for r in rows], types.get(n, pa.int64() if n == "stream_id" else pa.string())
+            )
+            for i, n in enumerate(names)
+        }
+    )
+    batch = summarize_facts(table)
+    assert sorted(batch.events_sent) == [("@u", 3)]
+    assert sorted(batch.daily) == [("!a", -1, 1), ("!a", 0, 1)]
+    assert sorted(batch.activity) == [("!a", 5), ("!b", day + 1)]
+    assert batch.state == [
+        (5, "!b", "m.room.member", "@u", "$j", "join"),
+        (6, "!b", "m.room.member", "@v", "$x", None),
+        (7, "!c", "m.room.topic", "", None, None),
+    ]
+    assert sorted(batch.rooms) == ["!a", "!b", "!c"]

@@ -31,14 +31,14 @@ Invariants:
 
 from __future__ import annotations
 
-import heapq
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
@@ -67,8 +67,17 @@ from roomstream.streams.registry import StreamDefinition, StreamTable, get_strea
 
 SOURCE_NAME = "roomstream"
 VIEWS = ("linear", "per_writer")
-DEFAULT_PARTITION_TOKENS = 100_000
-ARROW_BATCH_ROWS = 65_536
+#: A Spark task reads at most this many tokens of one writer (option ``partitionTokens``).
+DEFAULT_PARTITION_TOKENS = 1_000_000
+#: A batch is split into at least this many tasks (option ``minPartitions``), one per core of
+#: ``local[2]``: fewer, larger tasks cost less than many small ones, but all cores work.
+DEFAULT_MIN_PARTITIONS = 2
+#: ``minPartitions`` never makes a task smaller than this many tokens (small batches, the
+#: latency case, stay one task per writer).
+MIN_SPLIT_TOKENS = 16_384
+#: A task reads its range in chunks of this many tokens and yields one record batch per
+#: chunk: memory stays bounded and Spark converts a chunk while the next one is read.
+READ_CHUNK_TOKENS = 65_536
 
 Offset = dict[str, int]
 
@@ -124,6 +133,11 @@ def typed_columns(stream: StreamDefinition) -> tuple[tuple[str, str], ...]:
 
 def output_columns(stream: StreamDefinition) -> tuple[tuple[str, str], ...]:
     return COMMON_COLUMNS + typed_columns(stream)
+
+
+def arrow_schema(stream: StreamDefinition) -> pa.Schema:
+    """:func:`output_schema` in Arrow terms: the schema of every record batch a task yields."""
+    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in output_columns(stream)])
 
 
 def output_schema(stream: StreamDefinition) -> StructType:
@@ -191,16 +205,91 @@ def advance(start: Mapping[str, int], target: Mapping[str, int]) -> Offset:
 
 
 # -- reading rows ----------------------------------------------------------------------
+#
+# A task turns the cursor's rows into Arrow columns directly, without an object per fact.
+# For the hot tables (the events stream) one ``pa.array`` call converts the row tuples into
+# a struct array whose fields are the typed columns; only the wire-row JSON needs Python per
+# row (``orjson.dumps`` of exactly what ``StreamTable.to_row`` returns).
+
+_STR = pa.string()
+
+#: A table's rows as output columns: the tokens, the wire-row JSON per row, then one array
+#: per typed column (:func:`typed_columns` order). Input rows are
+#: ``(token, *table.columns, *extras)`` as :func:`range_query` selects them.
+Columns = tuple[pa.Array, list[str], list[pa.Array]]
+#: Builds :data:`Columns` from the rows and the engine (``sqlite`` or ``postgres``).
+ColumnBuilder = Callable[[list[tuple[Any, ...]], str], Columns]
 
 
-@dataclass(frozen=True)
-class Fact:
-    """One row of a stream: its writer, token, wire row and typed column values."""
+def _dumps_all(rows: Iterable[Any]) -> list[str]:
+    dumps = orjson.dumps
+    return [dumps(row).decode() for row in rows]
 
-    instance_name: str
-    token: int
-    row: tuple[Any, ...]
-    typed: tuple[Any, ...]
+
+def _events_ev_struct(engine: str) -> pa.DataType:
+    # BOOLEAN columns come back as bool from PostgreSQL, as 0/1 from SQLite.
+    flag = pa.bool_() if engine == "postgres" else pa.int64()
+    names = ("event_id", "room_id", "type", "state_key", "redacts", "relates_to", "membership")
+    return pa.struct(
+        [("token", pa.int64()), *((n, _STR) for n in names), ("rejected_reason", _STR),
+         ("outlier", flag), ("sender", _STR), ("origin_server_ts", pa.int64())]
+    )  # fmt: skip
+
+
+def _events_ev_columns(rows: list[tuple[Any, ...]], engine: str) -> Columns:
+    """``events`` rows: ``(token, event_id, room_id, type, state_key, redacts, relates_to,
+    membership, rejected_reason, outlier, sender, origin_server_ts)``. The wire row is
+    ``["ev", [the first seven, rejected_reason IS NOT NULL, bool(outlier)]]``."""
+    n = len(rows)
+    f = pa.array(rows, type=_events_ev_struct(engine)).flatten()
+    dumps = orjson.dumps
+    wire = [dumps(("ev", (*r[1:8], r[8] is not None, bool(r[9])))).decode() for r in rows]
+    outlier = pc.fill_null(pc.cast(f[9], pa.bool_()), False)
+    typed = [
+        pa.repeat("ev", n),
+        *f[1:8],  # event_id, room_id, event_type, state_key, redacts, relates_to, membership
+        pc.is_valid(f[8]),  # rejected
+        outlier,
+        f[10],  # sender
+        f[11],  # origin_server_ts
+        pa.nulls(n, _STR),  # prev_event_id
+    ]
+    return f[0], wire, typed
+
+
+_STATE_STRUCT = pa.struct(
+    [("token", pa.int64())]
+    + [(n, _STR) for n in ("room_id", "type", "state_key", "event_id", "prev_event_id")]
+)
+
+
+def _events_state_columns(rows: list[tuple[Any, ...]], engine: str) -> Columns:
+    """``current_state_delta_stream`` rows: ``(token, room_id, type, state_key, event_id,
+    prev_event_id)``. The wire row is ``["state", [room_id, type, state_key, event_id]]``."""
+    n = len(rows)
+    f = pa.array(rows, type=_STATE_STRUCT).flatten()
+    wire = _dumps_all(("state", r[1:5]) for r in rows)
+    typed = [
+        pa.repeat("state", n),
+        f[4],  # event_id
+        f[1],  # room_id
+        f[2],  # event_type
+        f[3],  # state_key
+        *(pa.nulls(n, _STR) for _ in range(3)),  # redacts, relates_to, membership
+        *(pa.nulls(n, pa.bool_()) for _ in range(2)),  # rejected, outlier
+        pa.nulls(n, _STR),  # sender
+        pa.nulls(n, pa.int64()),  # origin_server_ts
+        f[5],  # prev_event_id
+    ]
+    return f[0], wire, typed
+
+
+#: Column builders for the hot tables. Each one inlines its table's ``to_row``;
+#: :func:`_table_batch` checks the first row of every read against ``to_row`` itself.
+_COLUMN_BUILDERS: dict[tuple[str, str], ColumnBuilder] = {
+    ("events", "events"): _events_ev_columns,
+    ("events", "current_state_delta_stream"): _events_state_columns,
+}
 
 
 def _generic_typed(stream: StreamDefinition, row: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -213,71 +302,75 @@ def _generic_typed(stream: StreamDefinition, row: tuple[Any, ...]) -> tuple[Any,
     return tuple(out)
 
 
-def _events_typed(row: tuple[Any, ...], extras: tuple[Any, ...]) -> tuple[Any, ...]:
-    kind, data = row
-    if kind == "ev":
-        event_id, room_id, etype, state_key, redacts, relates_to, membership, rej, outl = data
-        sender, ts = extras
-        return (
-            "ev", event_id, room_id, etype, state_key, redacts, relates_to, membership,
-            bool(rej), bool(outl), sender, None if ts is None else int(ts), None,
-        )  # fmt: skip
-    room_id, etype, state_key, event_id = data
-    (prev_event_id,) = extras
-    return (
-        "state", event_id, room_id, etype, state_key, None, None, None,
-        None, None, None, None, prev_event_id,
-    )  # fmt: skip
+def _generic_columns(
+    stream: StreamDefinition, table: StreamTable, rows: list[tuple[Any, ...]]
+) -> Columns:
+    """Any other table: ``table.to_row`` per row; typed columns are the row's fields."""
+    n = len(table.columns)
+    to_row = table.to_row
+    wire_rows = [to_row(tuple(r[1 : 1 + n])) for r in rows]
+    values = list(zip(*(_generic_typed(stream, row) for row in wire_rows), strict=True))
+    typed = [
+        pa.array(values[i], _ARROW_TYPES[kind]) for i, (_, kind) in enumerate(typed_columns(stream))
+    ]
+    return pa.array([r[0] for r in rows], pa.int64()), _dumps_all(wire_rows), typed
 
 
-def _fetch_table(
+def _table_batch(
     conn: ReadConnection,
     stream: StreamDefinition,
     table: StreamTable,
     writer: str,
     from_token: int,
     upto_token: int,
-) -> list[Fact]:
-    """Rows of one table, as :func:`roomstream.streams.registry.get_updates_txn` selects them
-    (same range, same order, same wire row), plus the extra columns."""
+) -> pa.RecordBatch | None:
+    """Rows of one table as :func:`roomstream.streams.registry.get_updates_txn` selects them
+    (same range, same order, same wire row), plus the extra columns; ``None`` if none."""
     extras = _EXTRA_COLUMNS.get((stream.name, table.ref.table), ())
     sql, params = range_query(stream, table, writer, from_token, upto_token, None, extras)
-    n = len(table.columns)
-    to_row = table.to_row
-    facts = []
-    is_events = stream.name == "events"
-    for r in conn.query(sql, params):
-        row = to_row(tuple(r[1 : 1 + n]))
-        typed = _events_typed(row, tuple(r[1 + n :])) if is_events else _generic_typed(stream, row)
-        facts.append(Fact(writer, int(r[0]), row, typed))
-    return facts
-
-
-def fetch_facts(
-    conn: ReadConnection, stream: StreamDefinition, writer: str, from_token: int, upto_token: int
-) -> list[Fact]:
-    """Every fact of ``writer`` with ``from_token < token <= upto_token``, by token."""
-    if upto_token <= from_token:
-        return []
-    per_table = [
-        _fetch_table(conn, stream, t, writer, from_token, upto_token) for t in stream.tables
-    ]
-    return list(heapq.merge(*per_table, key=lambda f: f.token))
-
-
-def facts_to_arrow(stream: StreamDefinition, facts: Sequence[Fact]) -> pa.RecordBatch:
-    """Facts as one Arrow record batch with the columns of :func:`output_schema`."""
-    typed = typed_columns(stream)
+    rows = conn.query(sql, params)
+    if not rows:
+        return None
+    builder = _COLUMN_BUILDERS.get((stream.name, table.ref.table))
+    if builder is None:
+        tokens, wire, typed = _generic_columns(stream, table, rows)
+    else:
+        tokens, wire, typed = builder(rows, conn.engine)
+        # The builder inlines to_row: check it still agrees (one row per read, cheap).
+        first = orjson.dumps(table.to_row(tuple(rows[0][1 : 1 + len(table.columns)]))).decode()
+        if wire[0] != first:
+            raise RuntimeError(f"column builder for {table.ref.table} disagrees with to_row")
+    n = len(rows)
     arrays = [
-        pa.array([stream.name] * len(facts), pa.string()),
-        pa.array([f.instance_name for f in facts], pa.string()),
-        pa.array([f.token for f in facts], pa.int64()),
-        pa.array([orjson.dumps(f.row).decode() for f in facts], pa.string()),
+        pa.repeat(stream.name, n),
+        pa.repeat(writer, n),
+        tokens,
+        pa.array(wire, _STR),
+        *typed,
     ]
-    for i, (_, kind) in enumerate(typed):
-        arrays.append(pa.array([f.typed[i] for f in facts], _ARROW_TYPES[kind]))
-    names = [name for name, _ in output_columns(stream)]
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(stream))
+
+
+def fetch_batch(
+    conn: ReadConnection, stream: StreamDefinition, writer: str, from_token: int, upto_token: int
+) -> pa.RecordBatch:
+    """Every fact of ``writer`` with ``from_token < token <= upto_token`` as one record batch
+    (columns of :func:`output_schema`), ordered by token; rows of different tables sharing a
+    token keep the tables' order (the same order as ``get_updates_txn``'s merge)."""
+    schema = arrow_schema(stream)
+    parts = [
+        b
+        for t in (stream.tables if upto_token > from_token else ())
+        if (b := _table_batch(conn, stream, t, writer, from_token, upto_token)) is not None
+    ]
+    if not parts:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    if len(parts) == 1:
+        return parts[0]
+    merged = pa.Table.from_batches(parts, schema=schema)
+    # Each part is sorted; a stable sort keeps the table order among equal tokens.
+    order = pc.sort_indices(merged, sort_keys=[("stream_id", "ascending")])
+    return merged.take(order).combine_chunks().to_batches()[0]
 
 
 class TokenRange(InputPartition):
@@ -290,28 +383,60 @@ class TokenRange(InputPartition):
         self.hi = hi
 
 
-def plan_ranges(start: Mapping[str, int], end: Mapping[str, int], tokens: int) -> list[TokenRange]:
-    """Split ``(start, end]`` into per-writer token ranges of at most ``tokens`` tokens."""
+def plan_ranges(
+    start: Mapping[str, int],
+    end: Mapping[str, int],
+    tokens: int,
+    min_partitions: int = 1,
+) -> list[TokenRange]:
+    """Split ``(start, end]`` into per-writer token ranges of at most ``tokens`` tokens.
+
+    The ranges cover every writer's ``(start[w], end[w]]`` exactly once, without overlap.
+    With ``min_partitions > 1`` the step shrinks so that the batch's total span (over all
+    writers) makes about ``min_partitions`` ranges, but never below
+    :data:`MIN_SPLIT_TOKENS` (a small batch stays one range per writer).
+    """
+    spans = [(w, int(start.get(w, 0)), int(end[w])) for w in sorted(end)]
+    step = max(1, tokens)
+    if min_partitions > 1:
+        total = sum(hi - lo for _, lo, hi in spans if hi > lo)
+        share = -(-total // min_partitions)  # ceil
+        step = min(step, max(MIN_SPLIT_TOKENS, share))
     ranges = []
-    for writer in sorted(end):
-        lo, hi = int(start.get(writer, 0)), int(end[writer])
+    for writer, lo, hi in spans:
         while lo < hi:
-            step = min(hi, lo + tokens)
-            ranges.append(TokenRange(writer, lo, step))
-            lo = step
+            upto = min(hi, lo + step)
+            ranges.append(TokenRange(writer, lo, upto))
+            lo = upto
     return ranges
 
 
 def read_range(config: DatabaseConfig, stream_name: str, part: TokenRange) -> Iterator[Any]:
-    """Arrow record batches of one token range (runs on an executor)."""
+    """Arrow record batches of one token range (runs on an executor).
+
+    One connection for the whole range, read in consecutive chunks of
+    :data:`READ_CHUNK_TOKENS` tokens: chunks are token ranges, so a token's rows are never
+    split, and the batches together are exactly ``fetch_batch(part.lo, part.hi)`` in order.
+    Chunks without rows yield nothing."""
     stream = _table_stream(stream_name)
     with read_connection(config) as conn:
-        facts = fetch_facts(conn, stream, part.writer, part.lo, part.hi)
-    for i in range(0, len(facts), ARROW_BATCH_ROWS):
-        yield facts_to_arrow(stream, facts[i : i + ARROW_BATCH_ROWS])
+        lo = part.lo
+        while lo < part.hi:
+            upto = min(part.hi, lo + READ_CHUNK_TOKENS)
+            batch = fetch_batch(conn, stream, part.writer, lo, upto)
+            if batch.num_rows:
+                yield batch
+            lo = upto
 
 
 # -- Spark classes ---------------------------------------------------------------------
+
+
+def _positive(options: Mapping[str, str], name: str, default: int) -> int:
+    value = int(options.get(name, default))
+    if value < 1:
+        raise ValueError(f"option {name!r} must be at least 1, got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -325,6 +450,7 @@ class SourceOptions:
     starting: str
     max_rows: int | None
     partition_tokens: int
+    min_partitions: int = DEFAULT_MIN_PARTITIONS
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -345,7 +471,8 @@ class SourceOptions:
             writers=writers or None,
             starting=options.get("startingOffsets", "earliest"),
             max_rows=int(max_rows) if max_rows else None,
-            partition_tokens=int(options.get("partitionTokens", DEFAULT_PARTITION_TOKENS)),
+            partition_tokens=_positive(options, "partitionTokens", DEFAULT_PARTITION_TOKENS),
+            min_partitions=_positive(options, "minPartitions", DEFAULT_MIN_PARTITIONS),
         )
 
     @property
@@ -430,7 +557,8 @@ class RoomstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._available_now = self.options.target()
 
     def partitions(self, start: Offset, end: Offset) -> list[TokenRange]:
-        return plan_ranges(start or {}, end, self.options.partition_tokens)
+        opts = self.options
+        return plan_ranges(start or {}, end, opts.partition_tokens, opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, TokenRange)
@@ -451,7 +579,8 @@ class RoomstreamBatchReader(DataSourceReader):
     def partitions(self) -> list[TokenRange]:
         end = sorted_offset(json.loads(self._upto)) if self._upto else self.options.target()
         start = sorted_offset(json.loads(self._since)) if self._since else {}
-        return plan_ranges(start, end, self.options.partition_tokens)
+        opts = self.options
+        return plan_ranges(start, end, opts.partition_tokens, opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, TokenRange)
@@ -464,7 +593,8 @@ class RoomstreamDataSource(DataSource):
     Options: ``stream`` (required), ``engine`` (sqlite|postgres), ``path`` | ``dsn`` +
     ``schema``, ``view`` (linear|per_writer), ``writers`` (comma-separated pin),
     ``startingOffsets`` (earliest|latest|JSON offset), ``maxRowsPerBatch``,
-    ``partitionTokens``; batch reads also take ``since`` / ``upto`` (JSON offsets).
+    ``partitionTokens``, ``minPartitions``; batch reads also take ``since`` / ``upto``
+    (JSON offsets).
     """
 
     @classmethod

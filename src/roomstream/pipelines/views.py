@@ -37,6 +37,8 @@ from datetime import date, timedelta
 from typing import Any, Protocol
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -265,7 +267,8 @@ def export_parquet(spark: SparkSession, snap: ViewSnapshot, path: str) -> None:
 
 @dataclass
 class ViewBatch:
-    """What one micro-batch contributes, computed by Spark, applied by :func:`apply_batch_txn`."""
+    """What one micro-batch contributes, computed by :func:`summarize_facts`, applied by
+    :func:`apply_batch_txn`."""
 
     events_sent: list[tuple[str, int]]
     daily: list[tuple[str, int, int]]  # room, day number, messages
@@ -282,40 +285,99 @@ def counted_events(df: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def prepare_batch(df: DataFrame, batch_id: int) -> ViewBatch:
-    """Spark side of a batch: aggregate the counts, collect the state changes."""
-    df = df.persist()
-    try:
-        counted = counted_events(df)
-        sent = counted.groupBy("sender").count().collect()
-        daily = (
-            counted.filter(F.col("event_type") == MESSAGE)
-            .groupBy("room_id", F.floor(F.col("origin_server_ts") / DAY_MS).alias("day"))
-            .count()
-            .collect()
-        )
-        activity = counted.groupBy("room_id").agg(F.max("origin_server_ts").alias("ts")).collect()
-        members = df.filter((F.col("kind") == "ev") & (F.col("event_type") == MEMBER)).select(
-            "event_id", F.col("membership").alias("ev_membership")
-        )
-        state = (
-            df.filter(F.col("kind") == "state")
-            .join(members, on="event_id", how="left")
-            .select("stream_id", "room_id", "event_type", "state_key", "event_id", "ev_membership")
-            .collect()
-        )
-        rooms = df.select("room_id").distinct().collect()
-    finally:
-        df.unpersist()
-    return ViewBatch(
-        events_sent=[(r["sender"], int(r["count"])) for r in sent],
-        daily=[(r["room_id"], int(r["day"]), int(r["count"])) for r in daily],
-        activity=[(r["room_id"], int(r["ts"])) for r in activity],
-        state=sorted(
-            (int(r[0]), r[1], r[2], r[3], r[4], r[5]) for r in state
-        ),  # by token, then key: deterministic
-        rooms=[r[0] for r in rooms],
+#: A streaming micro-batch holds about this many facts (the source's ``maxRowsPerBatch``;
+#: a token's rows are never split). The sink brings a batch's facts to the driver, so this
+#: bounds the driver's memory (~100 bytes a fact) during a catch-up.
+VIEWS_MAX_BATCH_ROWS = 100_000
+
+#: The columns :func:`summarize_facts` needs (``row_json``, the widest, stays behind).
+BATCH_COLUMNS = (
+    "stream_id", "kind", "event_id", "room_id", "event_type", "state_key", "membership",
+    "rejected", "outlier", "sender", "origin_server_ts",
+)  # fmt: skip
+
+
+def _counted_mask(facts: pa.Table) -> pa.ChunkedArray:
+    """:func:`counted_events` as a filter mask (null where Spark's filter is null: dropped)."""
+    return pc.and_kleene(
+        pc.and_kleene(
+            pc.equal(facts["kind"], "ev"), pc.invert(pc.fill_null(facts["outlier"], False))
+        ),
+        pc.invert(pc.fill_null(facts["rejected"], False)),
     )
+
+
+def summarize_facts(facts: pa.Table) -> ViewBatch:
+    """One micro-batch's contribution from its facts (the source's columns, at least
+    :data:`BATCH_COLUMNS`), computed on the driver with Arrow kernels: no Spark job, no
+    shuffle. The same definitions as :func:`compute_views` (a test checks the streamed views
+    equal a Spark rebuild): counts over counted events, day = ``floor(ts / DAY_MS)`` in
+    floating point as Spark computes it, null group keys kept as groups."""
+    counted = facts.filter(_counted_mask(facts))
+    sent = counted.group_by("sender", use_threads=False).aggregate([([], "count_all")])
+    messages = counted.filter(pc.equal(counted["event_type"], MESSAGE))
+    day = pc.cast(
+        pc.floor(pc.divide(pc.cast(messages["origin_server_ts"], pa.float64()), float(DAY_MS))),
+        pa.int64(),
+    )
+    daily = (
+        pa.table({"room_id": messages["room_id"], "day": day})
+        .group_by(["room_id", "day"], use_threads=False)
+        .aggregate([([], "count_all")])
+    )
+    activity = counted.group_by("room_id", use_threads=False).aggregate(
+        [("origin_server_ts", "max")]
+    )
+    is_ev = pc.equal(facts["kind"], "ev")
+    member_events = facts.filter(pc.and_kleene(is_ev, pc.equal(facts["event_type"], MEMBER)))
+    membership_of = dict(
+        zip(
+            member_events["event_id"].to_pylist(),
+            member_events["membership"].to_pylist(),
+            strict=True,
+        )
+    )
+    deltas = facts.filter(pc.equal(facts["kind"], "state"))
+    state = [
+        (int(sid), room, etype, skey, eid, None if eid is None else membership_of.get(eid))
+        for sid, room, etype, skey, eid in zip(
+            *(deltas[c].to_pylist() for c in ("stream_id", "room_id", "event_type", "state_key")),
+            deltas["event_id"].to_pylist(),
+            strict=True,
+        )
+    ]
+    return ViewBatch(
+        events_sent=[
+            (u, int(n))
+            for u, n in zip(sent["sender"].to_pylist(), sent["count_all"].to_pylist(), strict=True)
+        ],
+        daily=[
+            (r, int(d), int(n))
+            for r, d, n in zip(
+                daily["room_id"].to_pylist(),
+                daily["day"].to_pylist(),
+                daily["count_all"].to_pylist(),
+                strict=True,
+            )
+        ],
+        activity=[
+            (r, int(ts))
+            for r, ts in zip(
+                activity["room_id"].to_pylist(),
+                activity["origin_server_ts_max"].to_pylist(),
+                strict=True,
+            )
+        ],
+        state=sorted(state),  # by token, then key: deterministic
+        rooms=pc.unique(facts["room_id"]).to_pylist(),
+    )
+
+
+def prepare_batch(df: DataFrame, batch_id: int) -> ViewBatch:
+    """Bring the micro-batch's facts to the driver in ONE Spark job (Arrow, only
+    :data:`BATCH_COLUMNS`) and summarize them there. Batches are bounded by the source's
+    ``maxRowsPerBatch`` (see :func:`start_views_query`)."""
+    return summarize_facts(df.select(*BATCH_COLUMNS).toArrow())
 
 
 def _ensure_rows(txn: Transaction, table: str, key: str, values: Iterable[str]) -> None:
@@ -555,13 +617,25 @@ def start_views_query(
     available_now: bool = False,
     starting_offsets: str | Mapping[str, int] = "earliest",
     query_name: str | None = None,
+    max_rows_per_batch: int = VIEWS_MAX_BATCH_ROWS,
 ) -> tuple[StreamingQuery, ViewsSink]:
     """Start the streaming job that maintains the view tables. Stop the query (and
     ``sink.close()``) when done; restarting with the same ``checkpoint`` continues exactly
-    where it left off."""
+    where it left off.
+
+    Each micro-batch holds about ``max_rows_per_batch`` facts at most (the sink summarizes
+    a batch on the driver); the views do not depend on how the stream is cut into batches.
+    """
+    if max_rows_per_batch < 1:
+        raise ValueError("max_rows_per_batch must be at least 1")
     sink = sink or ViewsSink(config)
     writer = (
-        events_stream(spark, config, starting_offsets)
+        events_stream(
+            spark,
+            config,
+            starting_offsets,
+            extra_options={"maxRowsPerBatch": str(max_rows_per_batch)},
+        )
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", checkpoint)
     )
