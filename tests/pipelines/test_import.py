@@ -26,7 +26,13 @@ from roomstream.events.hashing import compute_event_id
 from roomstream.events.model import Event
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, room_version
 from roomstream.pipelines.import_load import TABLES, ImportConflictError
-from roomstream.pipelines.import_task import NO_ROOM, key_line, plan_partitions, room_order
+from roomstream.pipelines.import_task import (
+    NO_ROOM,
+    key_line,
+    plan_partitions,
+    room_cost,
+    room_order,
+)
 from roomstream.pipelines.importer import import_events
 from roomstream.rooms.persist import EventPersister
 from roomstream.rooms.store import EventStore, state_groups_txn
@@ -185,13 +191,20 @@ def _assert_same_outcome(imported: Snapshot, ref: Snapshot) -> None:
 # -- tests -----------------------------------------------------------------------------
 
 
-def test_plan_partitions_balances_heaviest_first() -> None:
+def test_plan_partitions_balances_cost_heaviest_first() -> None:
     sizes = {"!big:x": 1000, "!mid:x": 400, **{f"!r{i}:x": 50 for i in range(20)}}
     plan = plan_partitions(sizes, 4)
     assert set(plan) == set(sizes) and set(plan.values()) == {0, 1, 2, 3}
-    loads = [sum(n for room, n in sizes.items() if plan[room] == p) for p in range(4)]
-    assert plan["!big:x"] == 0 and loads == sorted(loads, reverse=True)
-    assert loads[1] >= 400 and max(loads[1:]) - min(loads[1:]) <= 100
+    costs = [sum(room_cost(n) for room, n in sizes.items() if plan[room] == p) for p in range(4)]
+    assert plan["!big:x"] == 0 and costs == sorted(costs, reverse=True)
+    assert plan["!mid:x"] == 1 and abs(costs[2] - costs[3]) <= room_cost(50)
+    # A big room's events cost more each: its partition takes fewer other lines than an
+    # even split of lines would give it.
+    # An even split of lines would add 75,000 lines of small rooms to the huge room's.
+    big = {"!huge:x": 100_000, **{f"!s{i}:x": 100 for i in range(6_000)}}
+    plan = plan_partitions(big, 4)
+    lines = [sum(n for room, n in big.items() if plan[room] == p) for p in range(4)]
+    assert plan["!huge:x"] == 0 and lines == [100_000, 200_000, 200_000, 200_000]
 
 
 def test_corpus_has_forks_and_rejections(

@@ -102,6 +102,11 @@ class ImportReport:
     stream_orderings: tuple[int, int] | None = None
     partitions: int = 0
     spark_seconds: float = 0.0
+    #: Of ``spark_seconds``: reading, keying and counting the lines (before the tasks).
+    key_seconds: float = 0.0
+    #: Each task's time persisting its rooms, by partition (the rest of ``spark_seconds``
+    #: is the shuffle by room and Spark's own overhead).
+    task_seconds: list[float] = field(default_factory=list)
     load_seconds: float = 0.0
     seconds: float = 0.0
 
@@ -214,8 +219,14 @@ def _read_progress(work_dir: str) -> tuple[int, int]:
 
 
 def _run_spark(
-    spark: SparkSession, path: str, settings: TaskSettings, partitions: int, view: _View
+    spark: SparkSession,
+    path: str,
+    settings: TaskSettings,
+    partitions: int,
+    view: _View,
+    report: ImportReport,
 ) -> list[PartResult]:
+    started = time.perf_counter()
     sc = spark.sparkContext
     uri = Path(path).resolve().as_uri()
     # use_unicode=False: the raw bytes of each line (the stubs only know the str form).
@@ -228,6 +239,7 @@ def _run_spark(
     for _, _, per_room in stats:
         for room, count in per_room.items():
             sizes[room] += count
+    report.key_seconds = time.perf_counter() - started
     assignment = sc.broadcast(plan_partitions(sizes, partitions))
     offsets = sc.broadcast(split_offsets(stats))
     by_room = keyed.partitionBy(partitions, partial(assigned_partition, assignment=assignment))
@@ -359,8 +371,9 @@ def import_events(
             chunk_events=chunk_events,
         )
         with _View(console, report.lines) as view:
-            parts = _run_spark(spark, path, settings, partitions, view)
+            parts = _run_spark(spark, path, settings, partitions, view, report)
             report.spark_seconds = time.perf_counter() - started
+            report.task_seconds = [round(p.seconds, 2) for p in parts]
             stored = [p for p in parts if p.path]
             for part in parts:
                 report.issues.extend(part.issues)
