@@ -34,7 +34,7 @@ can persist incrementally.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["AuthChainIndex", "ChainKey", "ChainLink", "ChainPosition"]
@@ -313,31 +313,49 @@ class AuthChainIndex:
                 highest[chain_id] = seq
         return highest
 
-    def _bounds_into(self, highest: Mapping[int, int], wanted: Mapping[int, int]) -> dict[int, int]:
-        """Like :meth:`_upper_bounds` (inclusive) for the events whose per-chain highest
-        sequence numbers are ``highest``, but only into the chains of ``wanted`` and only
-        up to ``wanted[chain]``: a bound is ``min(true bound, wanted[chain])``.
+    def _difference(
+        self,
+        per_set: Sequence[Mapping[int, int]],
+        shared_top: Callable[[int], int] | None,
+        covered: Callable[[int, int], bool] | None = None,
+    ) -> set[str]:
+        """The auth difference from each set's bounds over its *differing* events and the
+        events every set shares, given per chain by ``shared_top(chain)`` (the highest
+        shared sequence number on it, 0 if none).
 
-        Found through the links *into* each chain, so the cost follows the chains asked
-        about, not the number of events; the scan stops once the wanted height is reached
-        (usually at once: a state set holds the latest event of the room's create, power
-        levels and join rules chains, the chains every other chain links to).
+        With ``X`` the inclusive auth chain of the shared events and ``Yᵢ`` that of set
+        ``i``'s other events, ``Cᵢ = X | Yᵢ``, so the difference is
+        ``(union(Yᵢ) - intersection(Yᵢ)) - X``. Per chain the first part is the range
+        between the lowest and highest bound; ``X`` then covers the range up to the shared
+        events' reach into the chain, found through the links *into* the chain (a reverse
+        map), stopping once the whole range is covered. ``covered(chain, high)`` may answer
+        "the shared events reach ``high`` on the chain" cheaply first. ``shared_top`` is
+        None when the sets share nothing.
         """
-        bounds: dict[int, int] = {}
-        for target, enough in wanted.items():
-            bound = highest.get(target, 0)
-            if bound < enough:
-                for origin in self._incoming.get(target, ()):
-                    origin_seq = highest.get(origin)
-                    if origin_seq is None:
-                        continue
-                    reach = self._links[origin][target].reach(origin_seq)
-                    if reach > bound:
-                        bound = reach
-                        if bound >= enough:
-                            break
-            bounds[target] = min(bound, enough)
-        return bounds
+        ranges: dict[int, tuple[int, int]] = {}
+        for chain_id in set().union(*per_set):
+            bounds = [b.get(chain_id, 0) for b in per_set]
+            low, high = min(bounds), max(bounds)
+            if high > low:
+                ranges[chain_id] = (low, high)
+        if shared_top is None:
+            return self._expand(ranges)
+        for chain_id, (low, high) in list(ranges.items()):
+            if covered is not None and covered(chain_id, high):
+                del ranges[chain_id]
+                continue
+            bound = shared_top(chain_id)
+            if bound < high:
+                for origin in self._incoming.get(chain_id, ()):
+                    origin_seq = shared_top(origin)
+                    if origin_seq:
+                        reach = self._links[origin][chain_id].reach(origin_seq)
+                        if reach > bound:
+                            bound = reach
+                            if bound >= high:
+                                break
+            ranges[chain_id] = (max(low, bound), high)
+        return self._expand(ranges)
 
     def auth_chain_difference(self, state_sets: Sequence[Iterable[str]]) -> set[str]:
         """The auth chain difference (union minus intersection of the ``Cᵢ``) of the state sets.
@@ -347,42 +365,28 @@ class AuthChainIndex:
         never in the difference, while one that only some sets contain is. Per chain, the
         union is everything up to the highest bound of any set and the intersection
         everything up to the lowest bound of all sets, so the difference is the range
-        between the two: no event-by-event walk.
-
-        State sets being merged mostly share their events. With ``X`` the inclusive auth
-        chain of the events in every set and ``Yᵢ`` that of set ``i``'s other events,
-        ``Cᵢ = X | Yᵢ``, so the difference is ``(union(Yᵢ) - intersection(Yᵢ)) - X``: the
-        ranges come from the few differing events, and ``X`` is only consulted on the
-        chains those ranges touch. The cost follows what differs, not the room's state size.
+        between the two: no event-by-event walk. State sets being merged mostly share their
+        events: the ranges come from the events that differ (see :meth:`_difference`).
         """
         if not state_sets:
             return set()
         sets = [s if isinstance(s, (set, frozenset)) else set(s) for s in state_sets]
         common: set[str] = set(sets[0]).intersection(*sets[1:])
         per_set = [self._upper_bounds(s - common, inclusive=True) for s in sets]
-        ranges: dict[int, tuple[int, int]] = {}
-        for chain_id in set().union(*per_set):
-            bounds = [b.get(chain_id, 0) for b in per_set]
-            low, high = min(bounds), max(bounds)
-            if high > low:
-                ranges[chain_id] = (low, high)
-        if common and ranges:
-            # A common event on the chain at or above the range's top covers the range
-            # (it reaches everything below it): usually the state's latest event of that
-            # chain's key, a step or two up. Only the rest need the common events' reach.
-            unresolved: dict[int, int] = {}
-            for chain_id, (_, high) in list(ranges.items()):
-                above = self._chains[chain_id][high - 1 : high - 1 + _COVER_SCAN]
-                if common.isdisjoint(above):
-                    unresolved[chain_id] = high
-                else:
-                    del ranges[chain_id]
-            if unresolved:
-                covered = self._bounds_into(self._highest(common), unresolved)
-                for chain_id, bound in covered.items():
-                    low, high = ranges[chain_id]
-                    ranges[chain_id] = (max(low, bound), high)
-        return self._expand(ranges)
+        highest: dict[int, int] | None = None
+
+        def shared_top(chain_id: int) -> int:
+            nonlocal highest
+            if highest is None:  # one pass over the shared events, only if needed
+                highest = self._highest(common)
+            return highest.get(chain_id, 0)
+
+        def covered(chain_id: int, high: int) -> bool:
+            # A shared event at or a few steps above the range's top covers it: usually
+            # the state's latest event of the chain's key.
+            return not common.isdisjoint(self._chains[chain_id][high - 1 : high - 1 + _COVER_SCAN])
+
+        return self._difference(per_set, shared_top if common else None, covered)
 
     def auth_chain_difference_of_states(
         self, shared: Mapping[ChainKey, str], differing: Sequence[Iterable[str]]
@@ -401,20 +405,10 @@ class AuthChainIndex:
         per_set = [self._upper_bounds(d, inclusive=True) for d in differing]
         if not per_set:
             return set()
-        ranges: dict[int, tuple[int, int]] = {}
-        for chain_id in set().union(*per_set):
-            bounds = [b.get(chain_id, 0) for b in per_set]
-            low, high = min(bounds), max(bounds)
-            if high > low:
-                ranges[chain_id] = (low, high)
-        if not shared or not ranges:
-            return self._expand(ranges)
-
         positions, chain_keys = self._positions, self._chain_keys
         fallback: dict[int, int] | None = None
 
         def shared_top(chain_id: int) -> int:
-            """The sequence number of the shared event on the chain (0: none)."""
             nonlocal fallback
             key = chain_keys.get(chain_id)
             if key is None:
@@ -425,19 +419,7 @@ class AuthChainIndex:
             position = positions.get(event_id) if event_id is not None else None
             return position[1] if position is not None and position[0] == chain_id else 0
 
-        for chain_id, (low, high) in list(ranges.items()):
-            bound = shared_top(chain_id)
-            if bound < high:
-                for origin in self._incoming.get(chain_id, ()):
-                    origin_seq = shared_top(origin)
-                    if origin_seq:
-                        reach = self._links[origin][chain_id].reach(origin_seq)
-                        if reach > bound:
-                            bound = reach
-                            if bound >= high:
-                                break
-            ranges[chain_id] = (max(low, bound), high)
-        return self._expand(ranges)
+        return self._difference(per_set, shared_top if shared else None)
 
     def conflicted_subgraph(self, conflicted_event_ids: Iterable[str]) -> set[str]:
         """The conflicted state subgraph (state resolution v2.1, MSC4297).
