@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import json
+import math
 import os
 import time
 import zlib
@@ -194,7 +195,7 @@ ROOM_COST_EXPONENT = 0.2
 
 def room_cost(lines: int) -> float:
     """The relative cost of persisting a room of ``lines`` lines."""
-    return float(lines) * float(max(lines, 1)) ** ROOM_COST_EXPONENT
+    return float(lines) * math.pow(max(lines, 1), ROOM_COST_EXPONENT)
 
 
 def plan_partitions(sizes: Mapping[str, int], partitions: int) -> dict[str, int]:
