@@ -209,14 +209,14 @@ def advance(start: Mapping[str, int], target: Mapping[str, int]) -> Offset:
 # A task turns the cursor's rows into Arrow columns directly, without an object per fact.
 # For the hot tables (the events stream) one ``pa.array`` call converts the row tuples into
 # a struct array whose fields are the typed columns; only the wire-row JSON needs Python per
-# row (``orjson.dumps`` of exactly what ``StreamTable.to_row`` returns).
+# row (``orjson.dumps`` of what ``StreamTable.to_row`` returns).
 
 _STR = pa.string()
 
-#: A table's rows as output columns: the tokens, the wire-row JSON per row, then one array
-#: per typed column (:func:`typed_columns` order). Input rows are
-#: ``(token, *table.columns, *extras)`` as :func:`range_query` selects them.
-Columns = tuple[pa.Array, list[str], list[pa.Array]]
+#: A table's rows as output columns: the tokens, then one array per typed column
+#: (:func:`typed_columns` order). Input rows are ``(token, *table.columns, *extras)`` as
+#: :func:`range_query` selects them.
+Columns = tuple[pa.Array, list[pa.Array]]
 #: Builds :data:`Columns` from the rows and the engine (``sqlite`` or ``postgres``).
 ColumnBuilder = Callable[[list[tuple[Any, ...]], str], Columns]
 
@@ -238,12 +238,9 @@ def _events_ev_struct(engine: str) -> pa.DataType:
 
 def _events_ev_columns(rows: list[tuple[Any, ...]], engine: str) -> Columns:
     """``events`` rows: ``(token, event_id, room_id, type, state_key, redacts, relates_to,
-    membership, rejected_reason, outlier, sender, origin_server_ts)``. The wire row is
-    ``["ev", [the first seven, rejected_reason IS NOT NULL, bool(outlier)]]``."""
+    membership, rejected_reason, outlier, sender, origin_server_ts)``."""
     n = len(rows)
     f = pa.array(rows, type=_events_ev_struct(engine)).flatten()
-    dumps = orjson.dumps
-    wire = [dumps(("ev", (*r[1:8], r[8] is not None, bool(r[9])))).decode() for r in rows]
     outlier = pc.fill_null(pc.cast(f[9], pa.bool_()), False)
     typed = [
         pa.repeat("ev", n),
@@ -254,7 +251,7 @@ def _events_ev_columns(rows: list[tuple[Any, ...]], engine: str) -> Columns:
         f[11],  # origin_server_ts
         pa.nulls(n, _STR),  # prev_event_id
     ]
-    return f[0], wire, typed
+    return f[0], typed
 
 
 _STATE_STRUCT = pa.struct(
@@ -265,10 +262,9 @@ _STATE_STRUCT = pa.struct(
 
 def _events_state_columns(rows: list[tuple[Any, ...]], engine: str) -> Columns:
     """``current_state_delta_stream`` rows: ``(token, room_id, type, state_key, event_id,
-    prev_event_id)``. The wire row is ``["state", [room_id, type, state_key, event_id]]``."""
+    prev_event_id)``."""
     n = len(rows)
     f = pa.array(rows, type=_STATE_STRUCT).flatten()
-    wire = _dumps_all(("state", r[1:5]) for r in rows)
     typed = [
         pa.repeat("state", n),
         f[4],  # event_id
@@ -281,11 +277,10 @@ def _events_state_columns(rows: list[tuple[Any, ...]], engine: str) -> Columns:
         pa.nulls(n, pa.int64()),  # origin_server_ts
         f[5],  # prev_event_id
     ]
-    return f[0], wire, typed
+    return f[0], typed
 
 
-#: Column builders for the hot tables. Each one inlines its table's ``to_row``;
-#: :func:`_table_batch` checks the first row of every read against ``to_row`` itself.
+#: Column builders for the hot tables: typed columns straight from the rows, column-wise.
 _COLUMN_BUILDERS: dict[tuple[str, str], ColumnBuilder] = {
     ("events", "events"): _events_ev_columns,
     ("events", "current_state_delta_stream"): _events_state_columns,
@@ -303,17 +298,14 @@ def _generic_typed(stream: StreamDefinition, row: tuple[Any, ...]) -> tuple[Any,
 
 
 def _generic_columns(
-    stream: StreamDefinition, table: StreamTable, rows: list[tuple[Any, ...]]
+    stream: StreamDefinition, rows: list[tuple[Any, ...]], wire_rows: list[Any]
 ) -> Columns:
-    """Any other table: ``table.to_row`` per row; typed columns are the row's fields."""
-    n = len(table.columns)
-    to_row = table.to_row
-    wire_rows = [to_row(tuple(r[1 : 1 + n])) for r in rows]
+    """Any other table: the typed columns are the wire row's fields."""
     values = list(zip(*(_generic_typed(stream, row) for row in wire_rows), strict=True))
     typed = [
         pa.array(values[i], _ARROW_TYPES[kind]) for i, (_, kind) in enumerate(typed_columns(stream))
     ]
-    return pa.array([r[0] for r in rows], pa.int64()), _dumps_all(wire_rows), typed
+    return pa.array([r[0] for r in rows], pa.int64()), typed
 
 
 def _table_batch(
@@ -331,21 +323,19 @@ def _table_batch(
     rows = conn.query(sql, params)
     if not rows:
         return None
+    n_columns, to_row = len(table.columns), table.to_row
+    wire_rows = [to_row(tuple(r[1 : 1 + n_columns])) for r in rows]
     builder = _COLUMN_BUILDERS.get((stream.name, table.ref.table))
     if builder is None:
-        tokens, wire, typed = _generic_columns(stream, table, rows)
+        tokens, typed = _generic_columns(stream, rows, wire_rows)
     else:
-        tokens, wire, typed = builder(rows, conn.engine)
-        # The builder inlines to_row: check it still agrees (one row per read, cheap).
-        first = orjson.dumps(table.to_row(tuple(rows[0][1 : 1 + len(table.columns)]))).decode()
-        if wire[0] != first:
-            raise RuntimeError(f"column builder for {table.ref.table} disagrees with to_row")
+        tokens, typed = builder(rows, conn.engine)
     n = len(rows)
     arrays = [
         pa.repeat(stream.name, n),
         pa.repeat(writer, n),
         tokens,
-        pa.array(wire, _STR),
+        pa.array(_dumps_all(wire_rows), _STR),
         *typed,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(stream))
