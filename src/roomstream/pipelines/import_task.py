@@ -308,7 +308,7 @@ async def _persist_room(
     size = max(1, settings.chunk_events)
     for start in range(0, len(ordered), size):
         results = await persister.persist_events(
-            ordered[start : start + size], backfilled=settings.backfill, ordered=True
+            ordered[start : start + size], backfilled=settings.backfill
         )
         for result in results:
             if result.rejected_reason is not None:

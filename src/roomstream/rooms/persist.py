@@ -305,14 +305,8 @@ class EventPersister:
         *,
         backfilled: bool = False,
         local: bool = False,
-        ordered: bool = False,
     ) -> list[PersistedEvent]:
-        """Persist events of any rooms, in any order; results follow the input order.
-
-        ``ordered``: the caller promises each room's events are already in
-        :func:`topological_order` (for instance a consecutive slice of it, as the bulk
-        import passes), which saves sorting them again.
-        """
+        """Persist events of any rooms, in any order; results follow the input order."""
         by_room: dict[str, list[Event]] = defaultdict(list)
         for event in events:
             by_room[event.room_id].append(event)
@@ -320,9 +314,7 @@ class EventPersister:
 
         async def one_room(room_id: str, room_events: list[Event]) -> None:
             async with self.room_lock(room_id):
-                waiting = await self.prepare_room_locked(
-                    room_id, room_events, backfilled, local, ordered=ordered
-                )
+                waiting = await self.prepare_room_locked(room_id, room_events, backfilled, local)
             results.update(await waiting)
 
         await asyncio.gather(*(one_room(r, evs) for r, evs in by_room.items()))
@@ -335,13 +327,7 @@ class EventPersister:
         return await (await self.prepare_room_locked(room_id, events, backfilled, local))
 
     async def prepare_room_locked(
-        self,
-        room_id: str,
-        events: Sequence[Event],
-        backfilled: bool,
-        local: bool,
-        *,
-        ordered: bool = False,
+        self, room_id: str, events: Sequence[Event], backfilled: bool, local: bool
     ) -> asyncio.Future[dict[str, PersistedEvent]]:
         """Decide the fate and state of events of one room and queue them for commit.
 
@@ -381,7 +367,7 @@ class EventPersister:
         room = await self._load_room(room_id, fresh)
         try:
             contexts, new_extremities, new_current = await self._compute_contexts(
-                room, fresh if ordered else topological_order(fresh), backfilled, local
+                room, topological_order(fresh), backfilled, local
             )
         except BaseException:
             # The chain index may hold part of the batch: reload the room next time.
