@@ -100,22 +100,16 @@ class PartResult:
 # -- keying --------------------------------------------------------------------------
 
 
-def key_line(item: tuple[bytes, int]) -> tuple[str, tuple[int, bytes]]:
-    """(room ID, (1-based line number, raw bytes)) for one input line.
-
-    The room ID is the ``room_id`` field, except for a room version 12 create event, whose
-    room ID is derived from its event ID. Lines whose room cannot be told get
-    :data:`NO_ROOM` (they are reported by the task that receives them).
-    """
-    raw, index = item
-    raw = bytes(raw)
-    line = index + 1
+def room_of_line(raw: bytes) -> str:
+    """The room of one input line: the ``room_id`` field, except for a room version 12
+    create event, whose room ID is derived from its event ID. Lines whose room cannot be
+    told get :data:`NO_ROOM` (they are reported by the task that receives them)."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return NO_ROOM, (line, raw)
+        return NO_ROOM
     if not isinstance(data, dict):
-        return NO_ROOM, (line, raw)
+        return NO_ROOM
     room_id = data.get("room_id")
     if data.get("type") == "m.room.create" and room_id is None:
         content = data.get("content")
@@ -124,12 +118,16 @@ def key_line(item: tuple[bytes, int]) -> tuple[str, tuple[int, bytes]]:
                 content.get("room_version") if isinstance(content, dict) else None
             )
             if version.room_id_from_create_event:
-                return room_id_from_create_event_id(compute_event_id(data, version)), (line, raw)
+                return room_id_from_create_event_id(compute_event_id(data, version))
         except Exception:  # any malformed create event: reported by the task
-            return NO_ROOM, (line, raw)
-    if isinstance(room_id, str) and room_id:
-        return room_id, (line, raw)
-    return NO_ROOM, (line, raw)
+            return NO_ROOM
+    return room_id if isinstance(room_id, str) and room_id else NO_ROOM
+
+
+def key_line(item: tuple[bytes, int]) -> tuple[str, tuple[int, bytes]]:
+    """(room ID, (1-based line number, raw bytes)) for one line and its 0-based index."""
+    raw, index = bytes(item[0]), item[1]
+    return room_of_line(raw), (index + 1, raw)
 
 
 LinePosition = tuple[int, int]
@@ -139,7 +137,7 @@ LinePosition = tuple[int, int]
 def key_split(
     index: int, lines: Iterable[bytes]
 ) -> Iterator[tuple[str, tuple[LinePosition, bytes]]]:
-    """:func:`key_line` for the lines of input split ``index``, numbered within the split.
+    """(room ID, ((split, offset), raw bytes)) for the lines of input split ``index``.
 
     Global line numbers need every earlier split's line count; :func:`split_stats` counts
     them in the same pass that counts lines per room, and :func:`number_lines` turns the
@@ -147,8 +145,8 @@ def key_split(
     the input, as ``zipWithIndex`` would make).
     """
     for offset, raw in enumerate(lines):
-        room, (_, raw_bytes) = key_line((raw, 0))
-        yield room, ((index, offset), raw_bytes)
+        raw = bytes(raw)
+        yield room_of_line(raw), ((index, offset), raw)
 
 
 def split_stats(
