@@ -125,6 +125,19 @@ def tcp_instances(*names: str, http: bool = False) -> dict[str, dict[str, Any]]:
     return out
 
 
+async def caches_writer_and_reader(
+    cluster_factory: ClusterFactory, transport: str
+) -> tuple[Cluster, ReplicationNode, ReplicationNode]:
+    """Start the commonest cluster here: ``w1`` writes ``caches`` (and ``events``), and a
+    ``reader`` follows it."""
+    cluster = await cluster_factory(
+        transport,
+        stream_writers={"caches": ["w1"], "events": ["w1"]},
+        instances=tcp_instances("w1", "reader"),
+    )
+    return cluster, await cluster.start("w1"), await cluster.start("reader")
+
+
 class Recorder:
     """Wraps a node's follower callbacks to record what it processed."""
 
@@ -208,13 +221,7 @@ def assert_exactly_once_in_order(
 async def test_reader_processes_every_row_once_and_invalidates_caches(
     cluster_factory: ClusterFactory, transport: str
 ) -> None:
-    cluster = await cluster_factory(
-        transport,
-        stream_writers={"caches": ["w1"], "events": ["w1"]},
-        instances=tcp_instances("w1", "reader"),
-    )
-    writer = await cluster.start("w1")
-    reader = await cluster.start("reader")
+    _cluster, writer, reader = await caches_writer_and_reader(cluster_factory, transport)
     recorder = Recorder(reader)
     cache = reader.caches.register("cache3_0")
     cache.set(("k", "cache3_0"), "stale")
@@ -235,13 +242,7 @@ async def test_reader_processes_every_row_once_and_invalidates_caches(
 async def test_reconnect_catches_up_without_loss_or_duplicates(
     cluster_factory: ClusterFactory, transport: str
 ) -> None:
-    cluster = await cluster_factory(
-        transport,
-        stream_writers={"caches": ["w1"], "events": ["w1"]},
-        instances=tcp_instances("w1", "reader"),
-    )
-    writer = await cluster.start("w1")
-    reader = await cluster.start("reader")
+    _cluster, writer, reader = await caches_writer_and_reader(cluster_factory, transport)
     recorder = Recorder(reader)
     await write_invalidations(writer, 5)
     await wait_for(caught_up(reader, writer, "caches"))
@@ -267,13 +268,7 @@ async def test_reconnect_catches_up_without_loss_or_duplicates(
 async def test_reader_started_late_fetches_history_from_positions(
     cluster_factory: ClusterFactory, transport: str
 ) -> None:
-    cluster = await cluster_factory(
-        transport,
-        stream_writers={"caches": ["w1"], "events": ["w1"]},
-        instances=tcp_instances("w1", "reader"),
-    )
-    writer = await cluster.start("w1")
-    reader = await cluster.start("reader")
+    cluster, writer, reader = await caches_writer_and_reader(cluster_factory, transport)
     recorder = Recorder(reader)
     start = reader.follower.processed("caches", "w1")
     await cluster.stop("reader")
@@ -403,13 +398,7 @@ async def test_typing_rows_and_gap_fetch_over_http(
 async def test_cache_invalidator_applies_locally_and_remotely(
     cluster_factory: ClusterFactory,
 ) -> None:
-    cluster = await cluster_factory(
-        "tcp",
-        stream_writers={"caches": ["w1"], "events": ["w1"]},
-        instances=tcp_instances("w1", "reader"),
-    )
-    writer = await cluster.start("w1")
-    reader = await cluster.start("reader")
+    _cluster, writer, reader = await caches_writer_and_reader(cluster_factory, "tcp")
     for node in (writer, reader):
         users = node.caches.register("get_user")
         users.set(("@a:x",), 1)
