@@ -360,6 +360,17 @@ async def _send_messages(bench: Bench, room_id: str, sender: str, count: int) ->
         await create(room_id, sender, "m.room.message", {"msgtype": "m.text", "body": f"m{i}"})
 
 
+async def _timed_creation(
+    profiler: Profiler, label: str, name: str, work: Awaitable[Any], events: int
+) -> dict[str, Any]:
+    """Run one creation phase (profiled if asked), log and return its rate."""
+    began = time.perf_counter()
+    await profiler.run(label, work)
+    seconds = time.perf_counter() - began
+    log(f"  {name}: {fmt_rate(rate(events, seconds))} events/s")
+    return {"events": events, "seconds": round(seconds, 3), "events_per_s": rate(events, seconds)}
+
+
 async def bench_create(bench: Bench, sizes: Sizes, profiler: Profiler) -> dict[str, Any]:
     creator = bench.engine.creator
     out: dict[str, Any] = {}
@@ -367,34 +378,27 @@ async def bench_create(bench: Bench, sizes: Sizes, profiler: Profiler) -> dict[s
     room_id, _ = await creator.create_room(ALICE, preset=RoomPreset.PUBLIC_CHAT)
     await _send_messages(bench, room_id, ALICE, 50)  # warm up
     n = sizes.create_sequential
-    began = time.perf_counter()
-    await profiler.run("create sequential", _send_messages(bench, room_id, ALICE, n))
-    seconds = time.perf_counter() - began
-    out["sequential"] = {
-        "events": n,
-        "seconds": round(seconds, 3),
-        "events_per_s": rate(n, seconds),
-    }
-    log(f"  create sequential: {fmt_rate(rate(n, seconds))} events/s")
+    out["sequential"] = await _timed_creation(
+        profiler,
+        "create sequential",
+        "create sequential",
+        _send_messages(bench, room_id, ALICE, n),
+        n,
+    )
 
     per = sizes.create_concurrent // SENDERS
     rooms = []
     for _ in range(SENDERS):
         rid, _ = await creator.create_room(ALICE, preset=RoomPreset.PUBLIC_CHAT)
         rooms.append(rid)
-    began = time.perf_counter()
-    await profiler.run(
-        "create 16 rooms",
-        asyncio.gather(*(_send_messages(bench, rid, ALICE, per) for rid in rooms)),
-    )
-    seconds = time.perf_counter() - began
     total = per * SENDERS
-    out["concurrent_16_rooms"] = {
-        "events": total,
-        "seconds": round(seconds, 3),
-        "events_per_s": rate(total, seconds),
-    }
-    log(f"  create 16 senders / 16 rooms: {fmt_rate(rate(total, seconds))} events/s")
+    out["concurrent_16_rooms"] = await _timed_creation(
+        profiler,
+        "create 16 rooms",
+        "create 16 senders / 16 rooms",
+        asyncio.gather(*(_send_messages(bench, rid, ALICE, per) for rid in rooms)),
+        total,
+    )
 
     room_id, _ = await creator.create_room(ALICE, preset=RoomPreset.PUBLIC_CHAT)
     users = [f"@sender{i:02d}:{SERVER}" for i in range(SENDERS)]
@@ -402,18 +406,13 @@ async def bench_create(bench: Bench, sizes: Sizes, profiler: Profiler) -> dict[s
         await creator.create_event(
             room_id, user, "m.room.member", {"membership": "join"}, state_key=user
         )
-    began = time.perf_counter()
-    await profiler.run(
+    out["concurrent_16_users_one_room"] = await _timed_creation(
+        profiler,
         "create 16 users one room",
+        "create 16 senders / 1 room",
         asyncio.gather(*(_send_messages(bench, room_id, user, per) for user in users)),
+        total,
     )
-    seconds = time.perf_counter() - began
-    out["concurrent_16_users_one_room"] = {
-        "events": total,
-        "seconds": round(seconds, 3),
-        "events_per_s": rate(total, seconds),
-    }
-    log(f"  create 16 senders / 1 room: {fmt_rate(rate(total, seconds))} events/s")
     return out
 
 
