@@ -52,6 +52,7 @@ from common import (
     machine_info,
     markdown_table,
     rate,
+    settle_database,
     write_results,
 )
 from roomstream.events.format import build_event_dict, finalise_local_event
@@ -155,10 +156,6 @@ def _pg_dsn(dbname: str) -> str:
     return f"{base}/{dbname}"
 
 
-def _analyze_txn(txn: Transaction) -> None:
-    txn.execute("ANALYZE")
-
-
 @dataclass
 class Bench:
     """One engine under test: database, room engine, keys."""
@@ -171,16 +168,8 @@ class Bench:
 
     async def settle(self) -> None:
         """Fresh planner statistics (and on PostgreSQL a vacuum) after bulk writes."""
-        await self.db.run_interaction(_analyze_txn)
-        if self.dsn is not None:
-            await asyncio.to_thread(_vacuum, self.dsn)
+        await settle_database(self.db, self.dsn)
         gc.collect()
-
-
-def _vacuum(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("VACUUM (ANALYZE)")
-        conn.execute("CHECKPOINT")
 
 
 @asynccontextmanager

@@ -48,6 +48,7 @@ from common import (
     machine_info,
     markdown_table,
     rate,
+    settle_database,
     write_results,
 )
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
@@ -115,15 +116,7 @@ class BenchDatabase:
         Without it, autovacuum, hint-bit writes and a checkpoint land in the middle of the
         next measurement on this 2-core machine and make it noisy.
         """
-        await self.db.run_interaction(_analyze_txn)
-        if self.dsn is not None:
-            await asyncio.to_thread(_vacuum_and_checkpoint, self.dsn)
-
-
-def _vacuum_and_checkpoint(dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("VACUUM (ANALYZE)")
-        conn.execute("CHECKPOINT")
+        await settle_database(self.db, self.dsn)
 
 
 @asynccontextmanager
@@ -159,10 +152,6 @@ def _reset_caches_txn(txn: Transaction) -> None:
     verb = "TRUNCATE" if txn.engine_name == "postgres" else "DELETE FROM"
     txn.execute(f"{verb} cache_invalidations")
     txn.execute("DELETE FROM stream_positions")
-
-
-def _analyze_txn(txn: Transaction) -> None:
-    txn.execute("ANALYZE")
 
 
 # -- 1. reserve + complete -------------------------------------------------------------

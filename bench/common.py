@@ -7,6 +7,7 @@ which stores ``bench/results/<name>.json`` together with :func:`machine_info`.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import os
@@ -22,6 +23,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
+from roomstream.storage import Database, Transaction
+
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 
@@ -29,6 +34,28 @@ RESULTS_DIR = BENCH_DIR / "results"
 PG_ADMIN_DSN = os.environ.get(
     "ROOMSTREAM_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
+
+
+# -- databases under test --------------------------------------------------------------
+
+
+def _analyze_txn(txn: Transaction) -> None:
+    txn.execute("ANALYZE")
+
+
+def _vacuum_and_checkpoint(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE)")
+        conn.execute("CHECKPOINT")
+
+
+async def settle_database(db: Database, dsn: str | None) -> None:
+    """After bulk writes: fresh statistics, and (PostgreSQL, ``dsn`` given) a vacuum and a
+    checkpoint. Without it, autovacuum, hint-bit writes and a checkpoint land in the middle
+    of the next measurement on a 2-core machine and make it noisy."""
+    await db.run_interaction(_analyze_txn)
+    if dsn is not None:
+        await asyncio.to_thread(_vacuum_and_checkpoint, dsn)
 
 
 # -- machine ---------------------------------------------------------------------------
