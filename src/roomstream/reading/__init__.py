@@ -1,0 +1,49 @@
+"""The read side: what each user may see, and the reads clients make (``docs/reading.md``).
+
+- :mod:`~roomstream.reading.visibility`: the history visibility rules and what the
+  persister records, at commit, so that reads apply them by range tests;
+- :mod:`~roomstream.reading.format`: the one client event format;
+- :mod:`~roomstream.reading.tokens`: opaque tokens (events-stream positions per writer,
+  points in a room's topological order);
+- :mod:`~roomstream.reading.reader`: :class:`RoomReader`, the reads (new events since a
+  token, latest events of the latest rooms, pagination, context, members, events).
+
+No HTTP here: the Client-Server API serves these.
+"""
+
+from roomstream.reading.format import ClientEvent, client_event, encode_client_event
+from roomstream.reading.reader import MAX_LIMIT, RoomReader
+from roomstream.reading.results import (
+    EventContext,
+    LatestRoomsPage,
+    PaginationChunk,
+    RoomsCursor,
+    RoomTimeline,
+    SyncResult,
+)
+from roomstream.reading.tokens import (
+    EventsToken,
+    InvalidTokenError,
+    PaginationToken,
+    RoomPosition,
+    parse_pagination_token,
+)
+
+__all__ = [
+    "MAX_LIMIT",
+    "ClientEvent",
+    "EventContext",
+    "EventsToken",
+    "InvalidTokenError",
+    "LatestRoomsPage",
+    "PaginationChunk",
+    "PaginationToken",
+    "RoomPosition",
+    "RoomReader",
+    "RoomTimeline",
+    "RoomsCursor",
+    "SyncResult",
+    "client_event",
+    "encode_client_event",
+    "parse_pagination_token",
+]

@@ -1,0 +1,1365 @@
+"""The reads: new events since a token, the latest events of the latest rooms,
+pagination, context around an event, members, single events (``docs/reading.md``).
+
+Every read runs its SQL in one database interaction (the hop to a worker thread costs
+more than most of these queries) and formats events on the event loop with
+:func:`roomstream.reading.format.client_event`. Visibility comes from what the persister
+recorded (:mod:`roomstream.reading.visibility`): a user's membership intervals in a room
+(a handful of rows) split the room's topological order into *segments*; in each segment
+the user sees a fixed set of visibility classes, so a page is a few index range scans
+per segment — invisible history is skipped by seeking, never scanned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import functools
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from roomstream.errors import Codes, MatrixError
+from roomstream.events.model import Event
+from roomstream.reading.format import (
+    ClientEvent,
+    FormattedEvent,
+    format_event,
+    with_viewer_fields,
+)
+from roomstream.reading.results import (
+    EventContext,
+    LatestRoomsPage,
+    PaginationChunk,
+    RoomsCursor,
+    RoomTimeline,
+    SyncResult,
+)
+from roomstream.reading.tokens import EventsToken, PaginationToken, RoomPosition
+from roomstream.reading.visibility import (
+    ALL_CLASSES,
+    WORLD_READABLE,
+    allowed,
+    allowed_classes,
+    visibility_class,
+)
+from roomstream.rooms.store import EventStore, load_events_txn
+from roomstream.state.groups import get_state_txn
+from roomstream.storage import Transaction
+from roomstream.streams import StreamChangeCache, StreamSet
+
+if TYPE_CHECKING:
+    from roomstream.rooms.engine import RoomEngine
+
+__all__ = ["RoomReader"]
+
+Position = tuple[int, int]
+MIN_POSITION: Position = (-(2**62), -(2**62))
+MAX_POSITION: Position = (2**62, 2**62)
+StateChoice = Literal["current", "timeline_start", "none"]
+
+#: Room state types an invited user is shown (the spec's suggested stripped state).
+INVITE_STATE_TYPES = frozenset(
+    {
+        "m.room.create",
+        "m.room.join_rules",
+        "m.room.name",
+        "m.room.avatar",
+        "m.room.canonical_alias",
+        "m.room.encryption",
+        "m.room.topic",
+    }
+)
+
+
+def _redacted_by(column: str) -> str:
+    """SQL for the redaction flag of the event whose ID is ``column``. The flag lives on
+    ``events`` (where accepted redactions set it); the small ``redactions`` index is
+    probed first so that the common case (no redaction names the event) never reads
+    the wide events row."""
+    return (
+        f"CASE WHEN EXISTS (SELECT 1 FROM redactions r WHERE r.redacts = {column})"
+        f" THEN (SELECT e.redacted_by FROM events e WHERE e.event_id = {column}) END"
+    )
+
+
+#: Timeline rows with their redaction flag.
+_COLUMNS = (
+    "t.topological_ordering, t.stream_ordering, t.event_id, t.instance_name, t.visibility,"
+    " t.visibility_after, t.member_user, t.membership, t.replaces_state, "
+    + _redacted_by("t.event_id")
+)
+_FROM = "timeline_events t"
+
+
+class _Row(NamedTuple):
+    """A ``timeline_events`` row, with the event's redaction flag."""
+
+    topo: int
+    stream: int
+    event_id: str
+    instance_name: str
+    visibility: int
+    visibility_after: int | None
+    member_user: str | None
+    membership: str | None
+    replaces_state: str | None
+    redacted_by: str | None
+
+    @property
+    def position(self) -> Position:
+        return (self.topo, self.stream)
+
+
+#: A ``_Row`` of the columns as the database returns them (BIGINT/SMALLINT arrive as
+#: ints): ``tuple.__new__`` directly, as ``_Row._make`` does after a Python-level call.
+_to_row: Callable[[Sequence[Any]], _Row] = functools.partial(tuple.__new__, _Row)
+
+
+def _to_rows(rows: Iterable[Sequence[Any]]) -> list[_Row]:
+    """Once per row read: ``map`` over :data:`_to_row` costs 0.17 µs a row, against
+    0.4 µs for a comprehension calling ``_Row._make``."""
+    return list(map(_to_row, rows))
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _chunks(items: Sequence[str], size: int = 500) -> Iterable[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class _View:
+    """What one user may see of one room: their membership intervals, their last join,
+    and the few events the "before or after" edge cases apply to (their own membership
+    events, history visibility changes)."""
+
+    __slots__ = ("_memberships", "_positions", "last_join", "specials", "user_id")
+
+    def __init__(
+        self,
+        user_id: str,
+        intervals: Sequence[tuple[Position, str | None]],
+        specials: Sequence[_Row],
+    ) -> None:
+        self.user_id = user_id
+        ordered = sorted(intervals)
+        self._positions = [p for p, _ in ordered]
+        self._memberships = [m for _, m in ordered]
+        self.specials = sorted(specials, key=lambda r: r.position)
+        joins = [
+            r.position for r in self.specials if r.member_user == user_id and r.membership == "join"
+        ]
+        self.last_join: Position | None = max(joins) if joins else None
+
+    def membership_at(self, position: Position) -> str | None:
+        index = bisect.bisect_right(self._positions, position) - 1
+        return None if index < 0 else self._memberships[index]
+
+    def joined_later(self, position: Position) -> bool:
+        return self.last_join is not None and position < self.last_join
+
+    def visible(self, row: _Row) -> bool:
+        position = row.position
+        membership = self.membership_at(position)
+        joined_later = self.joined_later(position)
+        if allowed(row.visibility, membership, joined_later):
+            return True
+        if row.visibility_after is not None and allowed(
+            row.visibility_after, membership, joined_later
+        ):
+            return True
+        return row.member_user == self.user_id and allowed(
+            row.visibility, row.membership, joined_later
+        )
+
+    def sees_all(self, low: Position, high: Position) -> bool:
+        """True when the user sees every event in ``[low, high)`` (one interval, joined)."""
+        index = bisect.bisect_right(self._positions, low) - 1
+        if index < 0 or self._memberships[index] != "join":
+            return False
+        return index + 1 >= len(self._positions) or self._positions[index + 1] >= high
+
+    def segments(
+        self, low: Position, high: Position
+    ) -> list[tuple[Position, Position, frozenset[int]]]:
+        """``[low, high)`` cut where the user's membership or joined-later changes, each
+        piece with the classes visible in it (ascending)."""
+        cuts = [p for p in self._positions if low < p < high]
+        if self.last_join is not None and low < self.last_join < high:
+            cuts.append(self.last_join)
+        bounds = [low, *sorted(set(cuts)), high]
+        result = []
+        for start, end in itertools.pairwise(bounds):
+            classes = allowed_classes(self.membership_at(start), self.joined_later(start))
+            result.append((start, end, classes))
+        return result
+
+
+def _load_views_txn(
+    txn: Transaction,
+    room_ids: Sequence[str],
+    user_id: str,
+    rows_query: tuple[str, Sequence[Any]] | None = None,
+) -> tuple[dict[str, _View], dict[str, list[_Row]]]:
+    """The user's :class:`_View` of each room, read by one statement (per 500 rooms):
+    their membership intervals, their own membership events, the rooms' visibility
+    changes.
+
+    ``rows_query``: a query of ``t.room_id, {_COLUMNS}`` rows (:func:`_range_query`) run
+    in the same statement, saving a round trip when the caller will most likely want
+    them (a page that the view then shows is entirely visible); returned by room, in no
+    particular order.
+    """
+    intervals: dict[str, list[tuple[Position, str | None]]] = {r: [] for r in room_ids}
+    specials: dict[str, list[_Row]] = {r: [] for r in room_ids}
+    extra: dict[str, list[_Row]] = {r: [] for r in room_ids}
+    for index, chunk in enumerate(_chunks(list(room_ids))):
+        marks = _marks(len(chunk))
+        # Intervals padded to the row columns: position first, membership where a
+        # row's is. Each part is a plain index scan (UNION ALL, no de-duplication).
+        sql = (
+            "SELECT 0, room_id, topological_ordering, stream_ordering, NULL, NULL, NULL,"
+            " NULL, NULL, membership, NULL, NULL FROM visibility_memberships"
+            f" WHERE room_id IN ({marks}) AND user_id = ?"
+            f" UNION ALL SELECT 1, t.room_id, {_COLUMNS} FROM {_FROM}"
+            f" WHERE t.member_user = ? AND t.room_id IN ({marks})"
+            f" UNION ALL SELECT 1, t.room_id, {_COLUMNS} FROM {_FROM}"
+            f" WHERE t.visibility_after IS NOT NULL AND t.room_id IN ({marks})"
+        )
+        params: list[Any] = [*chunk, user_id, user_id, *chunk, *chunk]
+        if rows_query is not None and index == 0:
+            sql += f" UNION ALL SELECT 2, q.* FROM ({rows_query[0]}) AS q"
+            params.extend(rows_query[1])
+        for r in txn.query(sql, params):
+            kind, room_id = r[0], r[1]
+            if kind == 0:
+                intervals[room_id].append(((int(r[2]), int(r[3])), r[9]))
+            elif kind == 1:
+                specials[room_id].append(_to_row(r[2:]))
+            else:
+                extra[room_id].append(_to_row(r[2:]))
+    views = {r: _View(user_id, intervals[r], specials[r]) for r in room_ids}
+    return views, extra
+
+
+def _range_query(
+    room_id: str,
+    low: Position,
+    high: Position,
+    visibility: int | None,
+    backwards: bool,
+    limit: int,
+) -> tuple[str, tuple[Any, ...]]:
+    """The first ``limit`` rows (``t.room_id, {_COLUMNS}``) of ``[low, high)`` in the
+    direction asked, of one visibility class or (None) of all: one index range scan."""
+    order = "DESC" if backwards else "ASC"
+    class_sql = "" if visibility is None else " AND t.visibility = ?"
+    params: tuple[Any, ...] = (room_id,) if visibility is None else (room_id, visibility)
+    return (
+        f"SELECT t.room_id, {_COLUMNS} FROM {_FROM} WHERE t.room_id = ?{class_sql}"
+        " AND (t.topological_ordering, t.stream_ordering) >= (?, ?)"
+        " AND (t.topological_ordering, t.stream_ordering) < (?, ?)"
+        f" ORDER BY t.topological_ordering {order}, t.stream_ordering {order} LIMIT ?",
+        (*params, low[0], low[1], high[0], high[1], limit),
+    )
+
+
+def _range_txn(
+    txn: Transaction,
+    room_id: str,
+    low: Position,
+    high: Position,
+    visibility: int | None,
+    backwards: bool,
+    limit: int,
+) -> list[_Row]:
+    sql, params = _range_query(room_id, low, high, visibility, backwards, limit)
+    return _to_rows(r[1:] for r in txn.query(sql, params))
+
+
+def _page_txn(
+    txn: Transaction,
+    room_id: str,
+    view: _View,
+    low: Position,
+    high: Position,
+    backwards: bool,
+    limit: int,
+    candidates: list[_Row] | None = None,
+) -> list[_Row]:
+    """The first ``limit`` events of ``[low, high)`` the user may see, going backwards
+    (newest first) or forwards. Segments where the user sees nothing cost nothing;
+    elsewhere one index range scan per visible class (one for all classes).
+
+    ``candidates``: the first ``limit`` events of ``[low, high)`` in that direction
+    whatever their class, when the caller has read them already (any order). They are
+    the page, with no further query, when the user sees every event of the span they
+    cover; their visible ones are, when all are visible or the range holds no others.
+    """
+    if candidates is not None:
+        candidates.sort(reverse=backwards)  # by position: a row's first fields
+        if not candidates:
+            return candidates
+        first, last = min(candidates[0], candidates[-1]), max(candidates[0], candidates[-1])
+        if view.sees_all(first.position, (last.topo, last.stream + 1)):
+            return candidates
+        visible = [r for r in candidates if view.visible(r)]
+        if len(candidates) < limit or len(visible) == len(candidates):
+            return visible
+    result: list[_Row] = []
+    segments = view.segments(low, high)
+    if backwards:
+        segments.reverse()
+    for start, end, classes in segments:
+        need = limit - len(result)
+        if need <= 0:
+            break
+        if classes == ALL_CLASSES:
+            # The user sees everything here, their own membership events and
+            # visibility changes included: the scan is the page, in order.
+            result.extend(_range_txn(txn, room_id, start, end, None, backwards, need))
+            continue
+        found: dict[str, _Row] = {}
+        for cls in sorted(classes):
+            for row in _range_txn(txn, room_id, start, end, cls, backwards, need):
+                found[row.event_id] = row
+        for row in view.specials:
+            if start <= row.position < end and row.event_id not in found and view.visible(row):
+                found[row.event_id] = row
+        page = sorted(found.values(), reverse=backwards)[:need]
+        result.extend(r for r in page if view.visible(r))
+    return result
+
+
+@dataclass
+class _Loaded:
+    """Everything formatting needs besides the rows, read in the transaction.
+
+    ``formatted``: event ID -> its viewer-independent format, for the events whose format
+    (for their current redaction) the reader's cache held; :meth:`RoomReader._complete`
+    adds the ``missing`` ones, formatted from ``events`` (those events and their
+    redactions; ``fresh``: the ones read from the database). ``redacted_by``: event ID ->
+    its accepted redaction. ``transaction_ids``: event ID -> the viewing device's.
+    """
+
+    formatted: dict[str, FormattedEvent]
+    missing: list[str]
+    events: dict[str, Event]
+    fresh: list[Event]
+    redacted_by: dict[str, str]
+    transaction_ids: dict[str, str]
+
+
+class RoomReader:
+    """The read side over one process's storage and streams.
+
+    Safe to share between requests. Holds caches of which rooms and users changed at
+    which events-stream position (fed from the events stream itself, so any process can
+    run a reader: it sees what its stream positions say is complete), and of each user's
+    rooms.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        streams: StreamSet,
+        *,
+        clock: Callable[[], float] = time.time,
+        include_age: bool = True,
+        change_cache_size: int = 100_000,
+        format_cache_size: int = 50_000,
+    ) -> None:
+        self.store = store
+        self.db = store.db
+        self.streams = streams
+        self._clock = clock
+        self._include_age = include_age
+        generator = streams.generator("events")
+        self._ingested: dict[str, int] = dict(generator.get_positions())
+        start = min(self._ingested.values(), default=0)
+        self._room_changes = StreamChangeCache("room_events", start, change_cache_size)
+        self._member_changes = StreamChangeCache("user_memberships", start, change_cache_size)
+        self._ingest_lock = asyncio.Lock()
+        # event ID -> the client format's viewer-independent part, for the redaction the
+        # event had when formatted (a later redaction makes the entry a miss). Read by
+        # database interactions on worker threads (a plain get), written on the loop.
+        self._formatted: OrderedDict[str, FormattedEvent] = OrderedDict()
+        self._formatted_size = format_cache_size
+        # user -> (ingested linear position when loaded, {room: membership})
+        self._rooms_of: dict[str, tuple[int, dict[str, str]]] = {}
+
+    @classmethod
+    def for_engine(cls, engine: RoomEngine, **kwargs: Any) -> RoomReader:
+        """A reader over a :class:`~roomstream.rooms.engine.RoomEngine`'s store and streams."""
+        return cls(engine.store, engine.streams, **kwargs)
+
+    # -- tokens ----------------------------------------------------------------------
+
+    def current_token(self) -> EventsToken:
+        """The events position this process has seen complete, per writer."""
+        return EventsToken.from_positions(self.streams.generator("events").get_positions())
+
+    async def position_of_event(self, room_id: str, event_id: str) -> RoomPosition:
+        """The point just before a timeline event (paginate from an event with it);
+        ``M_NOT_FOUND`` if the room has no such timeline event."""
+        row = await self.db.run_interaction(_timeline_row_txn, event_id)
+        if row is None or row[0] != room_id:
+            raise MatrixError(404, Codes.NOT_FOUND, f"no event {event_id} in {room_id}")
+        return RoomPosition.of_event(row[1].topo, row[1].stream)
+
+    # -- change caches ---------------------------------------------------------------
+
+    async def _ingest(self) -> EventsToken:
+        """Bring the change caches up to the events positions this process knows."""
+        positions = self.streams.generator("events").get_positions()
+        if all(self._ingested.get(w, 0) >= p for w, p in positions.items()):
+            return EventsToken.from_positions(
+                {w: self._ingested.get(w, p) for w, p in positions.items()}
+            )
+        async with self._ingest_lock:
+            for writer, position in positions.items():
+                since = self._ingested.get(writer, 0)
+                while since < position:
+                    updates, upto, limited = await self.streams.get_updates(
+                        "events", writer, since, position, 10_000
+                    )
+                    for token, (kind, data) in updates:
+                        if kind != "ev":
+                            continue
+                        self._room_changes.entity_has_changed(data[1], token)
+                        if data[2] == "m.room.member" and data[3] is not None:
+                            self._member_changes.entity_has_changed(data[3], token)
+                    since = upto
+                    if not limited:
+                        break
+                self._ingested[writer] = max(self._ingested.get(writer, 0), position)
+        return EventsToken.from_positions(dict(self._ingested))
+
+    async def _rooms_for_user(self, user_id: str) -> dict[str, str]:
+        """room -> the user's membership in its current state (any membership)."""
+        cached = self._rooms_of.get(user_id)
+        if cached is not None and not self._member_changes.has_entity_changed(user_id, cached[0]):
+            return cached[1]
+        loaded_at = min(self._ingested.values(), default=0)
+        rooms = await self.db.run_interaction(_rooms_for_user_txn, user_id)
+        self._rooms_of[user_id] = (loaded_at, rooms)
+        if len(self._rooms_of) > 100_000:
+            self._rooms_of.pop(next(iter(self._rooms_of)))
+        return rooms
+
+    # -- sync --------------------------------------------------------------------------
+
+    async def sync(
+        self,
+        user_id: str,
+        since: EventsToken | None,
+        *,
+        timeline_limit: int = 10,
+        device_id: str | None = None,
+    ) -> SyncResult:
+        """Every visible event in the user's rooms after ``since``, per room (newest
+        ``timeline_limit``, with ``limited`` and ``prev_batch``), plus the user's own
+        membership changes in any room. ``since=None`` is an initial sync: the latest
+        ``timeline_limit`` events of every room the user is joined to (or invited to,
+        or left), with current state.
+
+        Rooms whose events-stream position has not moved since ``since`` are skipped
+        from the change cache without a query.
+        """
+        _check_limit(timeline_limit)
+        upto = await self._ingest()
+        rooms = await self._rooms_for_user(user_id)
+        if since is None:
+            page = await self.latest_rooms(
+                user_id,
+                room_limit=max(1, len(rooms)),
+                event_limit=timeline_limit,
+                device_id=device_id,
+                _token=upto,
+            )
+            return SyncResult(upto, {r.room_id: r for r in page.rooms}, [])
+        floor = since.minimum
+        candidates = sorted(
+            r
+            for r, m in rooms.items()
+            if m == "join" and self._room_changes.has_entity_changed(r, floor)
+        )
+        members_changed = self._member_changes.has_entity_changed(user_id, floor)
+        if not candidates and not members_changed:
+            return SyncResult(upto.advance(since), {}, [])
+        raw = await self.db.run_interaction(
+            self._sync_txn, user_id, candidates, members_changed, since, upto, timeline_limit,
+            device_id,
+        )  # fmt: skip
+        timelines, changes, loaded = raw
+        self._complete(loaded)
+        now = self._now()
+        result: dict[str, RoomTimeline] = {}
+        for room_id, (rows, limited, state_ids) in timelines.items():
+            prev_batch: PaginationToken = (
+                RoomPosition.of_event(*min(r.position for r in rows)) if rows else since
+            )
+            result[room_id] = RoomTimeline(
+                room_id,
+                rooms.get(room_id),
+                self._format_rows(rows, loaded, now),
+                limited,
+                prev_batch,
+                self._format_ids(state_ids, loaded, now),
+                max((r.stream for r in rows), default=0),
+            )
+        membership = [
+            self._format(event_id, replaces, loaded, now) for event_id, replaces in changes
+        ]
+        # A token from a process that has seen further than this one: never go back.
+        return SyncResult(upto.advance(since), result, membership)
+
+    def _sync_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        candidates: list[str],
+        members_changed: bool,
+        since: EventsToken,
+        upto: EventsToken,
+        limit: int,
+        device_id: str | None,
+    ) -> tuple[
+        dict[str, tuple[list[_Row], bool, list[str]]], list[tuple[str, str | None]], _Loaded
+    ]:
+        changes: list[tuple[str, str | None, str]] = []
+        if members_changed:
+            for event_id, room_id, stream, writer in txn.query(
+                "SELECT event_id, room_id, stream_ordering, instance_name FROM events"
+                " WHERE type = 'm.room.member' AND state_key = ? AND stream_ordering > ?"
+                " AND stream_ordering <= ? AND rejected_reason IS NULL AND soft_failed = ?"
+                " ORDER BY stream_ordering",
+                (user_id, since.minimum, upto.maximum, False),
+            ):
+                if not since.covers(writer, int(stream)) and upto.covers(writer, int(stream)):
+                    changes.append((str(event_id), None, str(room_id)))
+        changed_rooms = {c[2] for c in changes}
+        room_ids = sorted(set(candidates) | changed_rooms)
+        views, _ = _load_views_txn(txn, room_ids, user_id)
+        timelines: dict[str, tuple[list[_Row], bool, list[str]]] = {}
+        for room_id in room_ids:
+            rows, limited = _new_rows_txn(txn, room_id, views[room_id], since, upto, limit)
+            if not rows and room_id not in changed_rooms:
+                continue
+            state_ids: list[str] = []
+            if rows and (limited or room_id in changed_rooms):
+                state_ids = _state_ids_before_txn(txn, rows[0].event_id)
+            timelines[room_id] = (rows, limited, state_ids)
+        replaces: dict[str, str | None] = {}
+        if changes:
+            for chunk in _chunks([c[0] for c in changes]):
+                replaces.update(
+                    txn.query(
+                        "SELECT event_id, replaces_state FROM timeline_events"
+                        f" WHERE event_id IN ({_marks(len(chunk))})",
+                        chunk,
+                    )
+                )
+        rows_all = [r for rows, _, _ in timelines.values() for r in rows]
+        others = [c[0] for c in changes] + [v for v in replaces.values() if v]
+        others += [s for _, _, state in timelines.values() for s in state]
+        loaded = self._load_txn(txn, rows_all, others, user_id, device_id)
+        return timelines, [(c[0], replaces.get(c[0])) for c in changes], loaded
+
+    # -- latest rooms ------------------------------------------------------------------
+
+    async def latest_rooms(
+        self,
+        user_id: str,
+        *,
+        room_limit: int = 20,
+        event_limit: int = 20,
+        cursor: RoomsCursor | None = None,
+        state: StateChoice = "current",
+        memberships: Collection[str] = ("join", "invite", "leave", "ban"),
+        device_id: str | None = None,
+        _token: EventsToken | None = None,
+    ) -> LatestRoomsPage:
+        """The user's rooms ordered by their latest activity the user may see (newest
+        first, after ``cursor``), at most ``room_limit``, each with its latest
+        ``event_limit`` visible events and its current state (or the state at the start
+        of the returned timeline, or none). Invited rooms get no timeline and, as state,
+        the invite event and the room's descriptive state (name, topic, join rules...).
+        """
+        _check_limit(event_limit)
+        if room_limit < 1:
+            raise MatrixError(400, Codes.INVALID_PARAM, "room_limit must be at least 1")
+        token = _token if _token is not None else await self._ingest()
+        users_rooms = await self._rooms_for_user(user_id)
+        # The change cache knows the latest event of every room that changed since it
+        # started: those rank above every other room, so usually no room's activity
+        # has to be read from the database.
+        horizon = self._room_changes.horizon
+        joined = (
+            sorted(r for r, m in users_rooms.items() if m == "join")
+            if "join" in memberships
+            else []
+        )
+        known: dict[str, int] = {}
+        for room_id in joined:
+            position = self._room_changes.get_max_position_of_entity(room_id)
+            if position > horizon:
+                known[room_id] = position
+        others = tuple(m for m in memberships if m != "join")
+        raw = await self.db.run_interaction(
+            self._latest_txn, user_id, room_limit, event_limit, cursor, state, joined, known,
+            horizon, others, device_id,
+        )  # fmt: skip
+        picked, more, loaded = raw
+        self._complete(loaded)
+        now = self._now()
+        rooms = []
+        for room_id, membership, activity, rows, limited, state_ids in picked:
+            prev_batch = (
+                RoomPosition.of_event(*rows[0].position) if rows else RoomPosition(*MIN_POSITION)
+            )
+            rooms.append(
+                RoomTimeline(
+                    room_id,
+                    membership,
+                    self._format_rows(rows, loaded, now),
+                    limited,
+                    prev_batch,
+                    self._format_ids(state_ids, loaded, now),
+                    activity,
+                )
+            )
+        next_cursor = (
+            RoomsCursor(rooms[-1].latest_activity, rooms[-1].room_id) if more and rooms else None
+        )
+        return LatestRoomsPage(rooms, next_cursor, token)
+
+    def _latest_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        room_limit: int,
+        event_limit: int,
+        cursor: RoomsCursor | None,
+        state: StateChoice,
+        joined: list[str],
+        known_activity: dict[str, int],
+        horizon: int,
+        others: tuple[str, ...],
+        device_id: str | None,
+    ) -> tuple[list[tuple[str, str, int, list[_Row], bool, list[str]]], bool, _Loaded]:
+        # Latest activity: the stream ordering of the room's newest event for members;
+        # of the user's membership event otherwise (nothing later is theirs to see,
+        # unless visibility lets them, which the timeline below still honours).
+        ranked = [(activity, room_id, "join", "") for room_id, activity in known_activity.items()]
+        if others:
+            for room_id, membership, event_id, stream in txn.query(
+                "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering"
+                " FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
+                " WHERE c.state_key = ? AND c.type = 'm.room.member'"
+                f" AND c.membership IN ({_marks(len(others))})",
+                (user_id, *others),
+            ):
+                ranked.append((int(stream), str(room_id), str(membership), str(event_id)))
+
+        def after_cursor(items: Iterable[tuple[int, str, str, str]]) -> list[Any]:
+            ordered = sorted(items, reverse=True)
+            if cursor is None:
+                return ordered
+            mark = (cursor.latest_activity, cursor.room_id)
+            return [c for c in ordered if (c[0], c[1]) < mark]
+
+        ordered = after_cursor(ranked)
+        above = [c for c in ordered if c[0] > horizon]
+        if len(above) <= room_limit:
+            # The rest of the page comes from rooms the cache knows nothing about.
+            unknown = [r for r in joined if r not in known_activity]
+            ranked.extend(
+                (activity, room_id, "join", "")
+                for room_id, activity in _room_activity_txn(txn, unknown).items()
+            )
+            ordered = after_cursor(ranked)
+        more = len(ordered) > room_limit
+        ordered = [(room, membership, event, activity) for activity, room, membership, event
+                   in ordered[:room_limit]]  # fmt: skip
+        readable = [r[0] for r in ordered if r[1] != "invite"]
+        views, _ = _load_views_txn(txn, readable, user_id)
+        latest = _latest_rows_txn(txn, readable, event_limit + 1)
+        currents, flags = _current_state_ids_txn(txn, readable) if state == "current" else ({}, {})
+        picked: list[tuple[str, str, int, list[_Row], bool, list[str]]] = []
+        for room_id, membership, member_event, activity in ordered:
+            state_ids: list[str] = []
+            if membership == "invite":
+                current = _current_state_txn(txn, room_id)
+                state_ids = [v for k, v in sorted(current.items()) if k[0] in INVITE_STATE_TYPES]
+                state_ids.append(member_event)
+                picked.append((room_id, membership, activity, [], False, state_ids))
+                continue
+            visible = _page_txn(
+                txn, room_id, views[room_id], MIN_POSITION, MAX_POSITION, True,
+                event_limit + 1, latest[room_id],
+            )  # fmt: skip
+            limited = len(visible) > event_limit
+            timeline = list(reversed(visible[:event_limit]))
+            if state == "current":
+                state_ids = currents[room_id]
+            elif state == "timeline_start" and timeline:
+                state_ids = _state_ids_before_txn(txn, timeline[0].event_id)
+            picked.append((room_id, membership, activity, timeline, limited, state_ids))
+        rows_all = [r for p in picked for r in p[3]]
+        state_all = [s for p in picked for s in p[5]]
+        loaded = self._load_txn(txn, rows_all, state_all, user_id, device_id, flags)
+        return picked, more, loaded
+
+    # -- pagination ----------------------------------------------------------------------
+
+    async def paginate(
+        self,
+        user_id: str,
+        room_id: str,
+        from_token: PaginationToken | None,
+        *,
+        direction: Literal["b", "f"] = "b",
+        limit: int = 10,
+        to_token: PaginationToken | None = None,
+        device_id: str | None = None,
+    ) -> PaginationChunk:
+        """``limit`` visible events of the room in topological order from ``from_token``
+        (None: the end going backwards, the start going forwards), stopping at
+        ``to_token``. An events-stream token stands for the point after the room's latest
+        event it covers."""
+        _check_limit(limit)
+        if direction not in ("b", "f"):
+            raise MatrixError(400, Codes.INVALID_PARAM, "direction must be 'b' or 'f'")
+        backwards = direction == "b"
+        rows, loaded = await self.db.run_interaction(
+            self._paginate_txn, user_id, room_id, from_token, backwards, limit, to_token,
+            device_id,
+        )  # fmt: skip
+        self._complete(loaded)
+        now = self._now()
+        events = self._format_rows(rows, loaded, now)
+        end: RoomPosition | None = None
+        if len(rows) == limit:
+            last = rows[-1]
+            end = (
+                RoomPosition.of_event(last.topo, last.stream)
+                if backwards
+                else RoomPosition.after_event(last.topo, last.stream)
+            )
+        start = (
+            from_token
+            if from_token is not None
+            else RoomPosition(*(MAX_POSITION if backwards else MIN_POSITION))
+        )
+        return PaginationChunk(events, start, end)
+
+    def _paginate_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        room_id: str,
+        from_token: PaginationToken | None,
+        backwards: bool,
+        limit: int,
+        to_token: PaginationToken | None,
+        device_id: str | None,
+    ) -> tuple[list[_Row], _Loaded]:
+        point = _point_txn(txn, room_id, from_token, MAX_POSITION if backwards else MIN_POSITION)
+        bound = _point_txn(txn, room_id, to_token, MIN_POSITION if backwards else MAX_POSITION)
+        low, high = (bound, point) if backwards else (point, bound)
+        rows: list[_Row] = []
+        if low < high:
+            # The view and the page's first candidates in one statement: for a user who
+            # sees all of them (the usual case) that is the whole page.
+            candidates = _range_query(room_id, low, high, None, backwards, limit)
+            views, extra = _load_views_txn(txn, [room_id], user_id, candidates)
+            rows = _page_txn(
+                txn, room_id, views[room_id], low, high, backwards, limit, extra[room_id]
+            )
+        loaded = self._load_txn(txn, rows, (), user_id, device_id)
+        return rows, loaded
+
+    # -- context -------------------------------------------------------------------------
+
+    async def context(
+        self,
+        user_id: str,
+        room_id: str,
+        event_id: str,
+        *,
+        before: int = 5,
+        after: int = 5,
+        device_id: str | None = None,
+    ) -> EventContext:
+        """The event, ``before`` visible events before it and ``after`` after it, and the
+        state after it. ``M_NOT_FOUND`` if the user may not see it (or it does not exist)."""
+        for n in (before, after):
+            if n < 0 or n > MAX_LIMIT:
+                raise MatrixError(400, Codes.INVALID_PARAM, f"limit must be 0..{MAX_LIMIT}")
+        raw = await self.db.run_interaction(
+            self._context_txn, user_id, room_id, event_id, before, after, device_id
+        )
+        if raw is None:
+            raise MatrixError(404, Codes.NOT_FOUND, "event not found")
+        row, before_rows, after_rows, state_ids, loaded = raw
+        self._complete(loaded)
+        now = self._now()
+
+        def fmt(r: _Row) -> ClientEvent:
+            return self._format(r.event_id, r.replaces_state, loaded, now)
+
+        start = RoomPosition.of_event(*(before_rows[-1] if before_rows else row).position)
+        end = RoomPosition.after_event(*(after_rows[-1] if after_rows else row).position)
+        return EventContext(
+            fmt(row),
+            [fmt(r) for r in before_rows],
+            [fmt(r) for r in after_rows],
+            start,
+            end,
+            self._format_ids(state_ids, loaded, now),
+        )
+
+    def _context_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        room_id: str,
+        event_id: str,
+        before: int,
+        after: int,
+        device_id: str | None,
+    ) -> tuple[_Row, list[_Row], list[_Row], list[str], _Loaded] | None:
+        found = _timeline_row_txn(txn, event_id)
+        if found is None or found[0] != room_id:
+            return None
+        row = found[1]
+        view = _load_views_txn(txn, [room_id], user_id)[0][room_id]
+        if not view.visible(row):
+            return None
+        position = row.position
+        before_rows = (
+            _page_txn(txn, room_id, view, MIN_POSITION, position, True, before) if before else []
+        )
+        after_position = (position[0], position[1] + 1)
+        after_rows = (
+            _page_txn(txn, room_id, view, after_position, MAX_POSITION, False, after)
+            if after
+            else []
+        )
+        state_ids = _state_ids_after_txn(txn, event_id)
+        rows = [row, *before_rows, *after_rows]
+        loaded = self._load_txn(txn, rows, state_ids, user_id, device_id)
+        return row, before_rows, after_rows, state_ids, loaded
+
+    # -- members -------------------------------------------------------------------------
+
+    async def members(
+        self,
+        user_id: str,
+        room_id: str,
+        *,
+        at: PaginationToken | str | None = None,
+        membership: Collection[str] | None = None,
+        not_membership: Collection[str] | None = None,
+    ) -> list[ClientEvent]:
+        """The room's ``m.room.member`` state at a point: ``at`` a token, an event ID
+        (the state after it), or None (now). A user who has left sees the members at
+        their leave at the latest; one who never joined only a ``world_readable`` room's.
+        ``M_FORBIDDEN`` otherwise. Filtered by ``membership`` / ``not_membership``."""
+        raw = await self.db.run_interaction(self._members_txn, user_id, room_id, at)
+        if raw is None:
+            raise MatrixError(403, Codes.FORBIDDEN, "you may not see the members of this room")
+        member_ids, loaded = raw
+        self._complete(loaded)
+        now = self._now()
+        result = []
+        for event_id in member_ids:
+            formatted = loaded.formatted.get(event_id)
+            if formatted is None:
+                continue
+            value = formatted.base["content"].get("membership")
+            if membership is not None and value not in membership:
+                continue
+            if not_membership is not None and value in not_membership:
+                continue
+            result.append(self._format(event_id, None, loaded, now))
+        return result
+
+    def _members_txn(
+        self, txn: Transaction, user_id: str, room_id: str, at: PaginationToken | str | None
+    ) -> tuple[list[str], _Loaded] | None:
+        current = _current_state_txn(txn, room_id)
+        if not current:
+            return None
+        own = current.get(("m.room.member", user_id))
+        own_membership = None
+        if own is not None:
+            row = txn.query_one("SELECT membership FROM events WHERE event_id = ?", (own,))
+            own_membership = None if row is None else row[0]
+        limit_event: str | None = None
+        if own_membership != "join":
+            if own_membership in ("leave", "ban") and own is not None:
+                limit_event = own
+            else:
+                hv = current.get(("m.room.history_visibility", ""))
+                hv_event = None if hv is None else load_events_txn(txn, [hv]).get(hv)
+                if (
+                    visibility_class(None if hv_event is None else hv_event.content)
+                    != WORLD_READABLE
+                ):
+                    return None
+        event_id: str | None
+        if isinstance(at, str):
+            event_id = at
+        elif at is None:
+            event_id = None
+        else:
+            point = _point_txn(txn, room_id, at, MAX_POSITION)
+            found = _neighbour_before_txn(txn, room_id, point)
+            event_id = found
+        if limit_event is not None:
+            limit_row = _timeline_row_txn(txn, limit_event)
+            event_row = None if event_id is None else _timeline_row_txn(txn, event_id)
+            if event_row is None or (
+                limit_row is not None and event_row[1].position > limit_row[1].position
+            ):
+                event_id = limit_event
+        if event_id is None:
+            state = current
+        else:
+            row = _timeline_row_txn(txn, event_id)
+            if row is None or row[0] != room_id:
+                return [], self._load_txn(txn, (), (), user_id, None)
+            state = _state_after_txn(txn, event_id)
+        ids = sorted(v for k, v in state.items() if k[0] == "m.room.member")
+        return ids, self._load_txn(txn, (), ids, user_id, None)
+
+    # -- single events -------------------------------------------------------------------
+
+    async def get_event(
+        self, user_id: str, event_id: str, *, device_id: str | None = None
+    ) -> ClientEvent | None:
+        """One event as the user may see it; None if unknown or not visible to them.
+
+        Outliers are served only when they are the user's own membership events (an
+        invite received out of band)."""
+        raw = await self.db.run_interaction(self._get_event_txn, user_id, event_id, device_id)
+        if raw is None:
+            return None
+        replaces, loaded = raw
+        self._complete(loaded)
+        return self._format(event_id, replaces, loaded, self._now())
+
+    def _get_event_txn(
+        self, txn: Transaction, user_id: str, event_id: str, device_id: str | None
+    ) -> tuple[str | None, _Loaded] | None:
+        found = _timeline_row_txn(txn, event_id)
+        if found is None:
+            meta = txn.query_one(
+                "SELECT type, state_key, outlier, rejected_reason FROM events WHERE event_id = ?",
+                (event_id,),
+            )
+            if (
+                meta is None
+                or meta[0] != "m.room.member"
+                or meta[1] != user_id
+                or not meta[2]
+                or meta[3] is not None
+            ):
+                return None
+            return None, self._load_txn(txn, (), [event_id], user_id, device_id)
+        room_id, row = found
+        view = _load_views_txn(txn, [room_id], user_id)[0][room_id]
+        if not view.visible(row):
+            return None
+        return row.replaces_state, self._load_txn(txn, [row], (), user_id, device_id)
+
+    async def is_visible(self, user_id: str, event_id: str) -> bool:
+        """May the user see this timeline event?"""
+
+        def txn(t: Transaction) -> bool:
+            found = _timeline_row_txn(t, event_id)
+            if found is None:
+                return False
+            return _load_views_txn(t, [found[0]], user_id)[0][found[0]].visible(found[1])
+
+        return await self.db.run_interaction(txn)
+
+    # -- transaction IDs -------------------------------------------------------------------
+
+    async def record_transaction_id(
+        self, event_id: str, room_id: str, user_id: str, device_id: str, txn_id: str
+    ) -> None:
+        """Remember that ``device_id`` of ``user_id`` sent ``event_id`` with ``txn_id``
+        (the client API calls this after sending; shown to that device only)."""
+        now = int(self._clock() * 1000)
+        await self.db.run_interaction(
+            lambda t: t.execute(
+                "INSERT INTO event_txn_ids"
+                " (event_id, room_id, user_id, device_id, txn_id, inserted_ts)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (event_id, room_id, user_id, device_id, txn_id, now),
+            )
+        )
+
+    async def event_for_transaction(
+        self, room_id: str, user_id: str, device_id: str, txn_id: str
+    ) -> str | None:
+        """The event a device already sent with this transaction ID (idempotent sends)."""
+        row = await self.db.run_interaction(
+            lambda t: t.query_one(
+                "SELECT event_id FROM event_txn_ids WHERE room_id = ? AND user_id = ?"
+                " AND device_id = ? AND txn_id = ?",
+                (room_id, user_id, device_id, txn_id),
+            )
+        )
+        return None if row is None else str(row[0])
+
+    # -- formatting ------------------------------------------------------------------------
+
+    def _now(self) -> int | None:
+        return int(self._clock() * 1000) if self._include_age else None
+
+    def _load_txn(
+        self,
+        txn: Transaction,
+        rows: Sequence[_Row],
+        others: Iterable[str],
+        user_id: str,
+        device_id: str | None,
+        known: Mapping[str, str | None] | None = None,
+    ) -> _Loaded:
+        """What formatting the events of ``rows`` and ``others`` (any other event IDs:
+        state, ``prev_content`` sources) needs: redaction flags, the cached formats, the
+        events whose format is not cached (from the store's cache where it has them), and
+        the viewer's transaction IDs. The rows' redaction flags are the ones read with
+        them, ``known`` those read with some of ``others``; the rest are read here.
+
+        Once per event served, so the rows take one pass and cache hits load nothing.
+        """
+        cache_get = self._formatted.get
+        formatted: dict[str, FormattedEvent] = {}
+        missing: list[str] = []
+        redacted_by: dict[str, str] = {}
+        extra: list[str] = []
+        for row in rows:
+            event_id, redaction = row.event_id, row.redacted_by
+            entry = cache_get(event_id)
+            if entry is not None and entry.redacted_by == redaction:
+                formatted[event_id] = entry
+            else:
+                missing.append(event_id)
+            if redaction is not None:
+                redacted_by[event_id] = redaction
+            if row.replaces_state is not None:
+                extra.append(row.replaces_state)
+        resolved = set(formatted).union(missing)
+        pending = [e for e in dict.fromkeys(itertools.chain(others, extra)) if e not in resolved]
+        known = known or {}
+        redacted_by.update((e, r) for e in pending if (r := known.get(e)) is not None)
+        unknown = [e for e in pending if e not in known]
+        for chunk in _chunks(unknown):
+            for event_id, redaction in txn.query(
+                "SELECT event_id, redacted_by FROM events"
+                f" WHERE event_id IN ({_marks(len(chunk))}) AND redacted_by IS NOT NULL",
+                chunk,
+            ):
+                redacted_by[str(event_id)] = str(redaction)
+        for event_id in pending:
+            entry = cache_get(event_id)
+            if entry is not None and entry.redacted_by == redacted_by.get(event_id):
+                formatted[event_id] = entry
+            else:
+                missing.append(event_id)
+        needed = [*missing, *(redacted_by[e] for e in missing if e in redacted_by)]
+        events: dict[str, Event] = {}
+        uncached = []
+        for event_id in needed:
+            event = self.store.cached_event(event_id)
+            if event is None:
+                uncached.append(event_id)
+            else:
+                events[event_id] = event
+        fresh = load_events_txn(txn, uncached) if uncached else {}
+        events.update(fresh)
+        transaction_ids: dict[str, str] = {}
+        if device_id is not None:
+            own = []
+            for event_id in itertools.chain(formatted, missing):
+                entry = formatted.get(event_id)
+                if entry is not None:
+                    sender = entry.base["sender"]
+                else:
+                    event = events.get(event_id)
+                    sender = None if event is None else event.sender
+                if sender == user_id:
+                    own.append(event_id)
+            for chunk in _chunks(own):
+                for event_id, txn_id in txn.query(
+                    "SELECT event_id, txn_id FROM event_txn_ids"
+                    f" WHERE event_id IN ({_marks(len(chunk))}) AND user_id = ? AND device_id = ?",
+                    (*chunk, user_id, device_id),
+                ):
+                    transaction_ids[str(event_id)] = str(txn_id)
+        return _Loaded(
+            formatted, missing, events, list(fresh.values()), redacted_by, transaction_ids
+        )
+
+    def _complete(self, loaded: _Loaded) -> None:
+        """On the event loop, after :meth:`_load_txn`: cache the events read from the
+        database, and format (and cache) those whose format was not cached."""
+        self.store.cache_events(loaded.fresh)
+        cache = self._formatted
+        for event_id in loaded.missing:
+            event = loaded.events.get(event_id)
+            if event is None:
+                continue  # not stored: callers skip it (or fail loudly, as before)
+            redaction_id = loaded.redacted_by.get(event_id)
+            redaction = None if redaction_id is None else loaded.events.get(redaction_id)
+            entry = format_event(event, redaction)
+            loaded.formatted[event_id] = cache[event_id] = entry
+        while len(cache) > self._formatted_size:
+            cache.popitem(last=False)
+
+    def _format_rows(
+        self, rows: Iterable[_Row], loaded: _Loaded, now: int | None
+    ) -> list[ClientEvent]:
+        """The rows' events as the viewer sees them (after :meth:`_complete`)."""
+        formatted = loaded.formatted
+        if loaded.transaction_ids:
+            return [self._format(r.event_id, r.replaces_state, loaded, now) for r in rows]
+        # Once per event served: the usual case (no prev_content, no transaction ID)
+        # calls the formatter directly.
+        return [
+            with_viewer_fields(formatted[r.event_id], now_ms=now)
+            if r.replaces_state is None
+            else self._format(r.event_id, r.replaces_state, loaded, now)
+            for r in rows
+        ]
+
+    def _format_ids(
+        self, event_ids: Iterable[str], loaded: _Loaded, now: int | None
+    ) -> list[ClientEvent]:
+        """Events (state, membership changes) as the viewer sees them, without
+        ``prev_content`` (after :meth:`_complete`)."""
+        if loaded.transaction_ids:
+            return [self._format(e, None, loaded, now) for e in event_ids]
+        formatted = loaded.formatted
+        return [with_viewer_fields(formatted[e], now_ms=now) for e in event_ids]
+
+    def _format(
+        self, event_id: str, replaces: str | None, loaded: _Loaded, now: int | None
+    ) -> ClientEvent:
+        """``event_id`` as the viewer sees it (after :meth:`_complete`). ``replaces``:
+        the state event it replaced, whose (pruned) content is its ``prev_content``."""
+        previous = None if replaces is None else loaded.formatted.get(replaces)
+        if previous is None:
+            return with_viewer_fields(
+                loaded.formatted[event_id],
+                transaction_id=loaded.transaction_ids.get(event_id),
+                now_ms=now,
+            )
+        return with_viewer_fields(
+            loaded.formatted[event_id],
+            prev_content=previous.base["content"],
+            replaces_state=replaces,
+            transaction_id=loaded.transaction_ids.get(event_id),
+            now_ms=now,
+        )
+
+
+#: Largest page any read returns.
+MAX_LIMIT = 1000
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 1 or limit > MAX_LIMIT:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"limit must be 1..{MAX_LIMIT}")
+
+
+def _timeline_row_txn(txn: Transaction, event_id: str) -> tuple[str, _Row] | None:
+    row = txn.query_one(
+        f"SELECT t.room_id, {_COLUMNS} FROM {_FROM} WHERE t.event_id = ?", (event_id,)
+    )
+    return None if row is None else (str(row[0]), _to_row(row[1:]))
+
+
+def _rooms_for_user_txn(txn: Transaction, user_id: str) -> dict[str, str]:
+    return {
+        str(r[0]): str(r[1])
+        for r in txn.query(
+            "SELECT room_id, membership FROM current_state_events"
+            " WHERE type = 'm.room.member' AND state_key = ?",
+            (user_id,),
+        )
+    }
+
+
+def _current_state_txn(txn: Transaction, room_id: str) -> dict[tuple[str, str], str]:
+    return {
+        (str(r[0]), str(r[1])): str(r[2])
+        for r in txn.query(
+            "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
+            (room_id,),
+        )
+    }
+
+
+def _room_activity_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, int]:
+    """room -> stream ordering of its newest event (one index seek per room)."""
+    result: dict[str, int] = {}
+    for chunk in _chunks(list(room_ids)):
+        for room_id, stream in txn.query(
+            "SELECT r.room_id, (SELECT MAX(e.stream_ordering) FROM events e"
+            " WHERE e.room_id = r.room_id) FROM rooms r"
+            f" WHERE r.room_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            result[str(room_id)] = int(stream or 0)
+    return result
+
+
+def _current_state_ids_txn(
+    txn: Transaction, room_ids: Sequence[str]
+) -> tuple[dict[str, list[str]], dict[str, str | None]]:
+    """Each room's current state event IDs (sorted), and their redaction flags, read
+    with them."""
+    result: dict[str, list[str]] = {r: [] for r in room_ids}
+    flags: dict[str, str | None] = {}
+    for chunk in _chunks(list(room_ids)):
+        for room_id, event_id, redacted_by in txn.query(
+            f"SELECT c.room_id, c.event_id, {_redacted_by('c.event_id')}"
+            f" FROM current_state_events c WHERE c.room_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            result[room_id].append(event_id)
+            flags[event_id] = redacted_by
+    for ids in result.values():
+        ids.sort()
+    return result, flags
+
+
+def _state_groups_txn(txn: Transaction, event_id: str) -> tuple[int, int] | None:
+    row = txn.query_one(
+        "SELECT before_group, after_group FROM event_state WHERE event_id = ?", (event_id,)
+    )
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def _state_after_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], str]:
+    groups = _state_groups_txn(txn, event_id)
+    return {} if groups is None else get_state_txn(txn, groups[1])
+
+
+def _state_ids_after_txn(txn: Transaction, event_id: str) -> list[str]:
+    return sorted(_state_after_txn(txn, event_id).values())
+
+
+def _state_ids_before_txn(txn: Transaction, event_id: str) -> list[str]:
+    groups = _state_groups_txn(txn, event_id)
+    return [] if groups is None else sorted(get_state_txn(txn, groups[0]).values())
+
+
+def _neighbour_before_txn(txn: Transaction, room_id: str, point: Position) -> str | None:
+    row = txn.query_one(
+        "SELECT event_id FROM timeline_events WHERE room_id = ?"
+        " AND (topological_ordering, stream_ordering) < (?, ?)"
+        " ORDER BY topological_ordering DESC, stream_ordering DESC LIMIT 1",
+        (room_id, point[0], point[1]),
+    )
+    return None if row is None else str(row[0])
+
+
+def _point_txn(
+    txn: Transaction, room_id: str, token: PaginationToken | None, default: Position
+) -> Position:
+    """A pagination token as a point of the room's topological order."""
+    if token is None:
+        return default
+    if isinstance(token, RoomPosition):
+        return token.as_tuple()
+    # The point after the room's latest timeline event the stream token covers.
+    upper = token.maximum
+    while True:
+        rows = txn.query(
+            "SELECT topological_ordering, stream_ordering, instance_name FROM timeline_events"
+            " WHERE room_id = ? AND stream_ordering <= ?"
+            " ORDER BY stream_ordering DESC LIMIT 50",
+            (room_id, upper),
+        )
+        for topo, stream, writer in rows:
+            if token.covers(str(writer), int(stream)):
+                return (int(topo), int(stream) + 1)
+        if len(rows) < 50:
+            return MIN_POSITION
+        upper = int(rows[-1][1]) - 1
+
+
+def _new_rows_txn(
+    txn: Transaction,
+    room_id: str,
+    view: _View,
+    since: EventsToken,
+    upto: EventsToken,
+    limit: int,
+) -> tuple[list[_Row], bool]:
+    """The newest ``limit`` visible events of the room after ``since`` up to ``upto``
+    (stream order, oldest first), and whether more were left out."""
+    visible: list[_Row] = []
+    upper = upto.maximum
+    batch = limit + 1
+    while len(visible) <= limit:
+        rows = [
+            _to_row(r)
+            for r in txn.query(
+                f"SELECT {_COLUMNS} FROM {_FROM} WHERE t.room_id = ?"
+                " AND t.stream_ordering > ? AND t.stream_ordering <= ?"
+                " ORDER BY t.stream_ordering DESC LIMIT ?",
+                (room_id, since.minimum, upper, batch),
+            )
+        ]
+        for row in rows:
+            if (
+                upto.covers(row.instance_name, row.stream)
+                and not since.covers(row.instance_name, row.stream)
+                and view.visible(row)
+            ):
+                visible.append(row)
+        if len(rows) < batch:
+            break
+        upper = rows[-1].stream - 1
+        batch = min(batch * 4, 4000)
+    limited = len(visible) > limit
+    return list(reversed(visible[:limit])), limited
+
+
+def _latest_rows_txn(
+    txn: Transaction, room_ids: Sequence[str], limit: int
+) -> dict[str, list[_Row]]:
+    """Each room's latest ``limit`` timeline events, newest first: an index seek per
+    room. On PostgreSQL one statement (a LATERAL join over the room IDs: one round trip,
+    and the planner plans the seek once); on SQLite, which runs in this process, one
+    execution of the same prepared statement per room, which costs less than a UNION
+    ALL of per-room parts (2.6 against 3.5 ms for 100 rooms, 21 rows each)."""
+    order = " ORDER BY t.topological_ordering DESC, t.stream_ordering DESC"
+    if txn.engine_name == "postgres":
+        result: dict[str, list[_Row]] = {r: [] for r in room_ids}
+        for r in txn.query(
+            "SELECT x.* FROM unnest(?::text[]) AS q(room_id) CROSS JOIN LATERAL ("
+            f"SELECT t.room_id, {_COLUMNS} FROM {_FROM} WHERE t.room_id = q.room_id"
+            f"{order} LIMIT {int(limit)}) AS x",
+            (list(room_ids),),
+        ):
+            result[str(r[0])].append(_to_row(r[1:]))
+        for found in result.values():
+            found.sort(reverse=True)  # by position: a row's first fields
+        return result
+    sql = f"SELECT {_COLUMNS} FROM {_FROM} WHERE t.room_id = ?{order} LIMIT {int(limit)}"
+    return {room_id: _to_rows(txn.query(sql, (room_id,))) for room_id in room_ids}
