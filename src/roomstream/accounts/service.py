@@ -1,0 +1,238 @@
+"""Registration, login, logout and access-token authentication: the Matrix rules.
+
+Invariants: a user ID is ``@localpart:server_name`` with the localpart from the spec's
+grammar (``a-z 0-9 . _ = - / +``) and at most 255 characters in all; passwords are kept
+only as argon2 hashes; access tokens only as SHA-256 hashes; every login creates (or
+reuses, when the client names it) a device and gives it a fresh token.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from roomstream.accounts.passwords import hash_password, verify_password
+from roomstream.accounts.store import AccountStore, UserExistsError
+from roomstream.accounts.tokens import new_access_token, new_device_id, token_hash
+from roomstream.errors import Codes, MatrixError
+
+__all__ = [
+    "Accounts",
+    "LoginResult",
+    "Requester",
+    "UserInteractiveAuthRequired",
+    "parse_user_id",
+]
+
+MAX_USER_ID_LENGTH = 255
+MAX_PASSWORD_LENGTH = 512
+MAX_DEVICE_ID_LENGTH = 255
+LOCALPART = re.compile(r"[a-z0-9._=\-/+]+")
+#: The one user-interactive-auth flow offered for registration.
+REGISTRATION_FLOWS = [{"stages": ["m.login.dummy"]}]
+
+USER_IN_USE = "M_USER_IN_USE"
+INVALID_USERNAME = "M_INVALID_USERNAME"
+UNKNOWN_TOKEN = "M_UNKNOWN_TOKEN"
+MISSING_TOKEN = "M_MISSING_TOKEN"
+GUEST_ACCESS_FORBIDDEN = "M_GUEST_ACCESS_FORBIDDEN"
+
+
+class UserInteractiveAuthRequired(MatrixError):
+    """401 with the flows a client may complete (the spec's user-interactive auth)."""
+
+    def __init__(self, session: str, flows: list[dict[str, Any]]) -> None:
+        super().__init__(401, Codes.UNAUTHORIZED, "user-interactive authentication required")
+        self.session = session
+        self.flows = flows
+
+    def to_json(self) -> dict[str, Any]:
+        return {"session": self.session, "flows": self.flows, "params": {}}
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """Who made an authenticated request."""
+
+    user_id: str
+    device_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoginResult:
+    user_id: str
+    device_id: str | None
+    access_token: str | None
+
+
+def parse_user_id(user_id: str) -> tuple[str, str]:
+    """(localpart, server name) of a user ID; M_INVALID_PARAM if it is not one."""
+    if not user_id.startswith("@") or ":" not in user_id or len(user_id) > MAX_USER_ID_LENGTH:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"not a user ID: {user_id[:300]!r}")
+    localpart, _, server = user_id[1:].partition(":")
+    if not localpart or not server:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"not a user ID: {user_id[:300]!r}")
+    return localpart, server
+
+
+class Accounts:
+    """Local accounts of ``server_name``."""
+
+    def __init__(
+        self, store: AccountStore, server_name: str, *, registration_enabled: bool = True
+    ) -> None:
+        self.store = store
+        self.server_name = server_name
+        self.registration_enabled = registration_enabled
+
+    # -- user IDs ----------------------------------------------------------------------
+
+    def user_id_for(self, localpart: str) -> str:
+        localpart = localpart.lower() if localpart.isascii() else localpart
+        if not LOCALPART.fullmatch(localpart):
+            raise MatrixError(
+                400,
+                INVALID_USERNAME,
+                "user names may contain only a-z, 0-9, and the characters . _ = - / +",
+            )
+        user_id = f"@{localpart}:{self.server_name}"
+        if len(user_id) > MAX_USER_ID_LENGTH:
+            raise MatrixError(400, INVALID_USERNAME, "user ID too long")
+        return user_id
+
+    def local_user_id(self, user: str) -> str:
+        """A user name as given at login (``alice`` or ``@alice:server``) as a user ID."""
+        if user.startswith("@"):
+            localpart, server = parse_user_id(user)
+            if server != self.server_name:
+                raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+            return self.user_id_for(localpart)
+        return self.user_id_for(user)
+
+    async def is_available(self, localpart: str) -> bool:
+        user_id = self.user_id_for(localpart)
+        if await self.store.get_user(user_id) is not None:
+            raise MatrixError(400, USER_IN_USE, "user ID already taken")
+        return True
+
+    # -- registration ------------------------------------------------------------------
+
+    async def register(
+        self,
+        localpart: str | None,
+        password: str | None,
+        *,
+        auth: dict[str, Any] | None,
+        device_id: str | None = None,
+        display_name: str | None = None,
+        inhibit_login: bool = False,
+        guest: bool = False,
+    ) -> LoginResult:
+        """Register through user-interactive auth (one ``m.login.dummy`` stage).
+
+        The user name and password are checked before the auth stage, as Synapse does, so
+        a client learns of a taken name before completing auth.
+        """
+        if guest:
+            raise MatrixError(403, GUEST_ACCESS_FORBIDDEN, "guest access is disabled")
+        if not self.registration_enabled:
+            raise MatrixError(403, Codes.FORBIDDEN, "registration has been disabled")
+        _check_password(password)
+        if localpart is not None:
+            user_id = self.user_id_for(localpart)
+            if await self.store.get_user(user_id) is not None:
+                raise MatrixError(400, USER_IN_USE, "user ID already taken")
+        if not isinstance(auth, dict) or auth.get("type") != "m.login.dummy":
+            session = auth.get("session") if isinstance(auth, dict) else None
+            if not isinstance(session, str) or not session:
+                session = secrets.token_urlsafe(18)
+            raise UserInteractiveAuthRequired(session, REGISTRATION_FLOWS)
+        return await self.create_account(
+            localpart,
+            password,
+            device_id=device_id,
+            display_name=display_name,
+            inhibit_login=inhibit_login,
+        )
+
+    async def create_account(
+        self,
+        localpart: str | None,
+        password: str | None,
+        *,
+        admin: bool = False,
+        device_id: str | None = None,
+        display_name: str | None = None,
+        inhibit_login: bool = True,
+    ) -> LoginResult:
+        """Create a user (no auth stage: for operators and after UIA); optionally log in."""
+        _check_password(password)
+        password_hash = None if password is None else await hash_password(password)
+        for _ in range(10):
+            name = localpart if localpart is not None else "u" + secrets.token_hex(6)
+            user_id = self.user_id_for(name)
+            try:
+                await self.store.create_user(user_id, password_hash, admin)
+                break
+            except UserExistsError:
+                if localpart is not None:
+                    raise MatrixError(400, USER_IN_USE, "user ID already taken") from None
+        else:  # pragma: no cover - 48 random bits colliding ten times
+            raise MatrixError(500, Codes.UNKNOWN, "could not pick a free user ID")
+        if inhibit_login:
+            return LoginResult(user_id, None, None)
+        return await self._new_session(user_id, device_id, display_name)
+
+    # -- login and logout --------------------------------------------------------------
+
+    async def login_with_password(
+        self,
+        user: str,
+        password: str,
+        *,
+        device_id: str | None = None,
+        display_name: str | None = None,
+    ) -> LoginResult:
+        """``m.login.password``: M_FORBIDDEN (403) for any wrong user or password."""
+        _check_password(password)
+        user_id = self.local_user_id(user)
+        record = await self.store.get_user(user_id)
+        if record is None or record.password_hash is None or record.deactivated:
+            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+        if not await verify_password(record.password_hash, password):
+            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+        return await self._new_session(user_id, device_id, display_name)
+
+    async def _new_session(
+        self, user_id: str, device_id: str | None, display_name: str | None
+    ) -> LoginResult:
+        if device_id is not None and not 0 < len(device_id) <= MAX_DEVICE_ID_LENGTH:
+            raise MatrixError(400, Codes.INVALID_PARAM, "device_id must be 1-255 characters")
+        device_id = device_id or new_device_id()
+        token = new_access_token()
+        await self.store.login_device(user_id, device_id, display_name, token_hash(token))
+        return LoginResult(user_id, device_id, token)
+
+    async def authenticate(self, access_token: str | None) -> Requester:
+        """The owner of a token: M_MISSING_TOKEN / M_UNKNOWN_TOKEN (401) otherwise."""
+        if not access_token:
+            raise MatrixError(401, MISSING_TOKEN, "missing access token")
+        owner = await self.store.get_token_owner(token_hash(access_token))
+        if owner is None:
+            raise MatrixError(401, UNKNOWN_TOKEN, "unknown or expired access token")
+        return Requester(*owner)
+
+    async def logout(self, requester: Requester) -> None:
+        await self.store.delete_device(requester.user_id, requester.device_id)
+
+    async def logout_all(self, requester: Requester) -> None:
+        await self.store.delete_all_devices(requester.user_id)
+
+
+def _check_password(password: str | None) -> None:
+    if password is not None and (not password or len(password) > MAX_PASSWORD_LENGTH):
+        raise MatrixError(
+            400, Codes.INVALID_PARAM, f"password must be 1-{MAX_PASSWORD_LENGTH} characters"
+        )

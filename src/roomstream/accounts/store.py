@@ -1,0 +1,127 @@
+"""SQL for users, devices and access tokens (tables of migration 0006)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from roomstream.storage import Database, Transaction
+
+__all__ = ["AccountStore", "UserExistsError", "UserRecord"]
+
+
+class UserExistsError(Exception):
+    """The user ID is taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    user_id: str
+    password_hash: str | None
+    admin: bool
+    deactivated: bool
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class AccountStore:
+    """Users, devices and access tokens. Every method is one transaction."""
+
+    def __init__(self, database: Database) -> None:
+        self.db = database
+
+    async def create_user(self, user_id: str, password_hash: str | None, admin: bool) -> None:
+        def txn(t: Transaction) -> None:
+            if t.query_one("SELECT 1 FROM users WHERE user_id = ?", (user_id,)) is not None:
+                raise UserExistsError(user_id)
+            t.execute(
+                "INSERT INTO users (user_id, password_hash, admin, deactivated, creation_ts)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (user_id, password_hash, admin, False, _now_ms()),
+            )
+
+        await self.db.run_interaction(txn)
+
+    async def get_user(self, user_id: str) -> UserRecord | None:
+        row = await self.db.run_interaction(
+            lambda t: t.query_one(
+                "SELECT user_id, password_hash, admin, deactivated FROM users WHERE user_id = ?",
+                (user_id,),
+            )
+        )
+        if row is None:
+            return None
+        return UserRecord(row[0], row[1], bool(row[2]), bool(row[3]))
+
+    async def login_device(
+        self, user_id: str, device_id: str, display_name: str | None, token_hash: str
+    ) -> None:
+        """Create the device if new (keeping an existing one's name unless given) and
+        add an access token for it, in one transaction."""
+
+        def txn(t: Transaction) -> None:
+            existing = t.query_one(
+                "SELECT 1 FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id)
+            )
+            if existing is None:
+                t.execute(
+                    "INSERT INTO devices (user_id, device_id, display_name, created_ts)"
+                    " VALUES (?, ?, ?, ?)",
+                    (user_id, device_id, display_name, _now_ms()),
+                )
+            elif display_name is not None:
+                t.execute(
+                    "UPDATE devices SET display_name = ? WHERE user_id = ? AND device_id = ?",
+                    (display_name, user_id, device_id),
+                )
+            t.execute(
+                "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
+                " VALUES (?, ?, ?, ?)",
+                (token_hash, user_id, device_id, _now_ms()),
+            )
+
+        await self.db.run_interaction(txn)
+
+    async def get_token_owner(self, token_hash: str) -> tuple[str, str] | None:
+        """(user ID, device ID) of a live token of an active user, or None."""
+        row = await self.db.run_interaction(
+            lambda t: t.query_one(
+                "SELECT a.user_id, a.device_id FROM access_tokens a"
+                " JOIN users u ON u.user_id = a.user_id"
+                " WHERE a.token_hash = ? AND u.deactivated = ?",
+                (token_hash, False),
+            )
+        )
+        return None if row is None else (row[0], row[1])
+
+    async def delete_device(self, user_id: str, device_id: str) -> None:
+        """Log a device out: its tokens and the device itself go."""
+
+        def txn(t: Transaction) -> None:
+            t.execute(
+                "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
+            )
+            t.execute(
+                "DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id)
+            )
+
+        await self.db.run_interaction(txn)
+
+    async def delete_all_devices(self, user_id: str) -> None:
+        def txn(t: Transaction) -> None:
+            t.execute("DELETE FROM access_tokens WHERE user_id = ?", (user_id,))
+            t.execute("DELETE FROM devices WHERE user_id = ?", (user_id,))
+
+        await self.db.run_interaction(txn)
+
+    async def get_devices(self, user_id: str) -> list[tuple[str, str | None]]:
+        rows = await self.db.run_interaction(
+            lambda t: t.query(
+                "SELECT device_id, display_name FROM devices WHERE user_id = ? ORDER BY device_id",
+                (user_id,),
+            )
+        )
+        return [(r[0], r[1]) for r in rows]

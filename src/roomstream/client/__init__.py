@@ -1,0 +1,152 @@
+"""The Matrix Client-Server API over HTTP (aiohttp), served by every roomstream process.
+
+Layers: :mod:`~roomstream.client.server` (routing, the one error-mapping middleware, CORS,
+authentication), :mod:`~roomstream.client.request` (parsing and validation), thin handler
+modules (``*_routes``), and the services they call: :mod:`roomstream.accounts` for users,
+devices and tokens, :mod:`~roomstream.client.rooms` for room actions (written through
+:mod:`~roomstream.client.writes` on the room's owning events writer),
+:mod:`~roomstream.client.userdata` and :mod:`~roomstream.client.typing` for per-user and
+ephemeral data (written on their stream's writer through :mod:`~roomstream.client.writes`;
+:mod:`~roomstream.client.forwarded` carries out what other processes forward here),
+:mod:`~roomstream.client.notifier` to wake long polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from roomstream.accounts import Accounts, AccountStore
+from roomstream.client.account_routes import account_routes
+from roomstream.client.directory import DirectoryReader
+from roomstream.client.directory_routes import directory_routes
+from roomstream.client.forwarded import ForwardedWrites
+from roomstream.client.notifier import Notifier
+from roomstream.client.read_routes import read_routes
+from roomstream.client.room_routes import room_routes
+from roomstream.client.rooms import RoomService
+from roomstream.client.server import ClientApi
+from roomstream.client.sliding_sync import SlidingSyncHandler, sliding_sync_routes
+from roomstream.client.store import ClientStore
+from roomstream.client.sync import SyncHandler
+from roomstream.client.typing import TypingState, TypingWriter
+from roomstream.client.userdata import UserData
+from roomstream.client.userdata_routes import userdata_routes
+from roomstream.client.writes import RoomWriter, UserDataWriter
+from roomstream.config import Config
+from roomstream.reading import RoomReader
+from roomstream.replication.http import InternalHttpClient
+from roomstream.rooms.engine import RoomEngine
+from roomstream.streams import InMemoryStream
+
+__all__ = ["ClientApi", "ClientProcess", "build_client_api"]
+
+
+class ClientProcess:
+    """The client API's services on one process, and the hooks replication feeds."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: RoomEngine,
+        http_client: InternalHttpClient | None,
+        *,
+        typing_stream: InMemoryStream | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.accounts = Accounts(
+            AccountStore(engine.db),
+            config.server_name,
+            registration_enabled=config.enable_registration,
+        )
+        self.store = ClientStore(engine.db)
+        self.reader = RoomReader.for_engine(engine)
+        self.rooms = RoomService(
+            config.server_name,
+            RoomWriter(config, engine.creator, http_client),
+            engine.store,
+            self.store,
+            self.reader,
+        )
+        self.notifier = Notifier(engine.streams, config.instance_name)
+        self.userdata = UserData(engine.streams, config.instance_name)
+        self.typing_state = TypingState()
+        self.typing: TypingWriter | None = None
+        if typing_stream is not None:
+            stream = typing_stream
+
+            def append_typing(rows: list[tuple[str, list[str]]]) -> int:
+                token = stream.append(list(rows))
+                if announce is not None:
+                    announce("typing")
+                self.notifier.notify_rows("typing", rows)
+                return token
+
+            self.typing = TypingWriter(self.typing_state, append_typing)
+        self.user_data_writer = UserDataWriter(config, self.userdata, self.typing, http_client)
+        #: What this process does for writes other processes forward to it.
+        self.forwarded = ForwardedWrites(self.rooms, self.userdata, self.typing)
+        self.api = ClientApi(
+            self.accounts,
+            [
+                *account_routes(self.accounts),
+                *room_routes(self.accounts, self.rooms),
+                *read_routes(
+                    self.accounts,
+                    self.rooms,
+                    self.store,
+                    self.reader,
+                    SyncHandler(
+                        self.reader, self.userdata, self.typing_state, self.notifier, self.store
+                    ),
+                ),
+                *sliding_sync_routes(
+                    self.accounts,
+                    SlidingSyncHandler(
+                        self.reader, self.userdata, self.typing_state, self.notifier
+                    ),
+                ),
+                *directory_routes(self.accounts, DirectoryReader(engine.db), config.server_name),
+                *userdata_routes(
+                    self.accounts,
+                    self.rooms,
+                    self.store,
+                    self.userdata,
+                    self.notifier,
+                    self.user_data_writer,
+                ),
+            ],
+        )
+
+    # -- replication hooks -------------------------------------------------------------
+
+    def on_replicated_rows(
+        self, stream_name: str, writer: str, token: int, rows: Sequence[Any]
+    ) -> None:
+        if stream_name == "typing":
+            for row in rows:
+                self.typing_state.apply(token, str(row[0]), list(row[1]))
+        self.notifier.on_replicated_rows(stream_name, writer, token, rows)
+
+    def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None:
+        self.notifier.on_replicated_position(stream_name, writer, position)
+
+    def close(self) -> None:
+        self.notifier.close()
+        if self.typing is not None:
+            self.typing.close()
+
+
+def build_client_api(
+    config: Config,
+    engine: RoomEngine,
+    http_client: InternalHttpClient | None,
+    *,
+    typing_stream: InMemoryStream | None = None,
+    announce: Callable[[str], None] | None = None,
+) -> ClientProcess:
+    """The Client-Server API of this instance; ``.api.install`` puts it on an app."""
+    return ClientProcess(
+        config, engine, http_client, typing_stream=typing_stream, announce=announce
+    )

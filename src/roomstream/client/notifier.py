@@ -1,0 +1,176 @@
+"""Waking long-polling requests (``/sync``) when something for their user is complete.
+
+Facts arrive two ways: this process's own writes (each local stream's position listener:
+the rows up to a stored position are complete) and replication (rows from
+:class:`~roomstream.replication.follower.StreamFollower`, complete once their writer's
+position reaches their token). Each row names the rooms and users it concerns; a waiter
+registered for a user and the rooms it is in is woken only by rows about them.
+
+Invariant: a waiter registered before its caller reads the streams is woken by every
+relevant fact that completes after that read, so ``listen`` → read → wait never misses
+one (nothing is polled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from roomstream.streams import StreamSet
+
+__all__ = ["Notifier", "Waiter", "keys_for_row"]
+
+logger = logging.getLogger(__name__)
+
+#: Streams whose rows may wake a sync (backfill and caches never do).
+WAKING_STREAMS = ("events", "account_data", "receipts", "to_device", "typing")
+
+
+def keys_for_row(stream_name: str, row: Sequence[Any]) -> list[str]:
+    """The wake keys (``"u" + user ID``, ``"r" + room ID``) a stream row concerns."""
+    try:
+        if stream_name == "events":
+            kind, data = row[0], row[1]
+            if kind == "ev":
+                keys = ["r" + str(data[1])]
+                if data[2] == "m.room.member" and data[3] is not None:
+                    keys.append("u" + str(data[3]))
+                return keys
+            return ["r" + str(data[0])]
+        if stream_name == "account_data":
+            return ["u" + str(row[0])]
+        if stream_name in ("receipts", "typing"):
+            return ["r" + str(row[0])]
+        if stream_name == "to_device" and str(row[0]).startswith("@"):
+            return ["u" + str(row[0])]
+    except (IndexError, TypeError, KeyError):
+        logger.warning("cannot tell whom a %s row concerns: %r", stream_name, row)
+    return []
+
+
+class Waiter:
+    """One registration: :meth:`wait` returns when a relevant fact completed since it
+    was made (or since the last wait)."""
+
+    def __init__(self, keys: frozenset[str]) -> None:
+        self.keys = keys
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """True if woken, False on timeout; either way ready to wait again."""
+        try:
+            await asyncio.wait_for(self._event.wait(), seconds)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._event.clear()
+
+
+class Notifier:
+    def __init__(self, streams: StreamSet, instance_name: str) -> None:
+        self.streams = streams
+        self.instance_name = instance_name
+        self._waiters: defaultdict[str, set[Waiter]] = defaultdict(set)
+        self._notified: dict[str, int] = {}
+        self._fetching: dict[str, asyncio.Task[None]] = {}
+        self._closed = False
+        self._pending: defaultdict[tuple[str, str], list[tuple[int, list[str]]]] = defaultdict(list)
+        for name in WAKING_STREAMS:
+            if name not in streams:
+                continue
+            generator = streams.generator(name)
+            if generator.is_writer():
+                self._notified[name] = streams.current_token(name, instance_name)
+                generator.add_position_listener(functools.partial(self._local_advanced, name))
+
+    # -- registering -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def listen(self, user_id: str, room_ids: Iterable[str]) -> Iterator[Waiter]:
+        waiter = Waiter(frozenset(["u" + user_id, *("r" + r for r in room_ids)]))
+        for key in waiter.keys:
+            self._waiters[key].add(waiter)
+        try:
+            yield waiter
+        finally:
+            for key in waiter.keys:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._waiters[key]
+
+    def wake_keys(self, keys: Iterable[str]) -> None:
+        woken: set[Waiter] = set()
+        for key in keys:
+            woken.update(self._waiters.get(key, ()))
+        for waiter in woken:
+            waiter.wake()
+
+    def notify_rows(self, stream_name: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Rows that are complete now (an in-memory stream this process writes)."""
+        self.wake_keys(k for row in rows for k in keys_for_row(stream_name, row))
+
+    # -- local writes ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop reading local rows (the database is about to close); cancel reads."""
+        self._closed = True
+        for task in self._fetching.values():
+            task.cancel()
+
+    def _local_advanced(self, stream_name: str, _writer: str, _position: int) -> None:
+        if self._closed or stream_name in self._fetching:
+            return  # the running fetch loops until it has caught up
+        self._fetching[stream_name] = asyncio.get_running_loop().create_task(
+            self._fetch_local(stream_name)
+        )
+
+    async def _fetch_local(self, stream_name: str) -> None:
+        try:
+            while True:
+                start = self._notified[stream_name]
+                upto = self.streams.current_token(stream_name, self.instance_name)
+                if upto <= start:
+                    return
+                updates, upto, _ = await self.streams.get_updates(
+                    stream_name, self.instance_name, start, upto, 10_000
+                )
+                self._notified[stream_name] = upto
+                self.notify_rows(stream_name, (row for _, row in updates))
+        except Exception:
+            logger.exception("reading new %s rows to wake syncs failed", stream_name)
+        finally:
+            del self._fetching[stream_name]
+
+    # -- replication -------------------------------------------------------------------
+
+    def on_replicated_rows(
+        self, stream_name: str, writer: str, token: int, rows: Sequence[Any]
+    ) -> None:
+        """Rows received from another writer; they wake syncs once its position reaches
+        ``token`` (:meth:`on_replicated_position`)."""
+        if stream_name not in WAKING_STREAMS:
+            return
+        keys = [k for row in rows for k in keys_for_row(stream_name, row)]
+        if keys:
+            self._pending[(stream_name, writer)].append((token, keys))
+
+    def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None:
+        pending = self._pending.get((stream_name, writer))
+        if not pending:
+            return
+        ready = [keys for token, keys in pending if token <= position]
+        if not ready:
+            return
+        pending[:] = [(t, k) for t, k in pending if t > position]
+        self.wake_keys(k for keys in ready for k in keys)

@@ -1,0 +1,181 @@
+"""Handlers for the reads: ``/sync``, ``/messages``, ``/context``, ``/members``,
+``/event``, ``/state``. Visibility and pagination are the read path's
+(:class:`~roomstream.reading.RoomReader`); these parse requests and shape responses."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from aiohttp import web
+
+from roomstream.accounts import Accounts, Requester
+from roomstream.client.request import json_response, query_bool, query_int
+from roomstream.client.rooms import RoomService
+from roomstream.client.server import Route, authenticate
+from roomstream.client.store import ClientStore
+from roomstream.client.sync import (
+    DEFAULT_TIMELINE_LIMIT,
+    SyncHandler,
+    SyncRequest,
+    SyncToken,
+)
+from roomstream.errors import Codes, MatrixError
+from roomstream.reading import MAX_LIMIT, RoomReader, client_event, parse_pagination_token
+from roomstream.reading.tokens import PaginationToken
+
+__all__ = ["read_routes"]
+
+
+async def load_filter(store: ClientStore, requester: Requester, raw: str | None) -> dict[str, Any]:
+    """A filter given inline (JSON) or by the ID of an uploaded one."""
+    if raw is None or raw == "":
+        return {}
+    if raw.startswith("{"):
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise MatrixError(400, Codes.NOT_JSON, "filter is not JSON") from None
+        if not isinstance(value, dict):
+            raise MatrixError(400, Codes.BAD_JSON, "filter must be an object")
+        return value
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 17:
+        raise MatrixError(400, Codes.INVALID_PARAM, "filter must be JSON or a filter ID")
+    found = await store.get_filter(requester.user_id, int(raw))
+    if found is None:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"no filter {raw}")
+    return found
+
+
+def _limit_from(section: Any, default: int) -> int:
+    if not isinstance(section, dict):
+        return default
+    limit = section.get("limit")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return default
+    return max(1, min(limit, MAX_LIMIT))
+
+
+def _token(raw: str | None) -> PaginationToken | None:
+    if raw is None or raw == "":
+        return None
+    if len(raw) > 1000:
+        raise MatrixError(400, Codes.INVALID_PARAM, "token too long")
+    if "_" in raw:  # a sync token: its events part
+        return SyncToken.parse(raw).events
+    return parse_pagination_token(raw)
+
+
+def read_routes(
+    accounts: Accounts,
+    rooms: RoomService,
+    store: ClientStore,
+    reader: RoomReader,
+    sync_handler: SyncHandler,
+) -> list[Route]:
+    async def sync(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        since_raw = request.query.get("since")
+        filter_def = await load_filter(store, requester, request.query.get("filter"))
+        room_filter = filter_def.get("room")
+        timeline = room_filter.get("timeline") if isinstance(room_filter, dict) else None
+        set_presence = request.query.get("set_presence", "online")
+        if set_presence not in ("online", "offline", "unavailable"):
+            raise MatrixError(400, Codes.INVALID_PARAM, "set_presence: online|offline|unavailable")
+        body = await sync_handler.sync(
+            requester,
+            SyncRequest(
+                since=SyncToken.parse(since_raw) if since_raw else None,
+                timeout_ms=query_int(request, "timeout", 0),
+                full_state=query_bool(request, "full_state"),
+                timeline_limit=_limit_from(timeline, DEFAULT_TIMELINE_LIMIT),
+            ),
+        )
+        return json_response(body)
+
+    async def messages(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        room_id = request.match_info["room_id"]
+        direction = request.query.get("dir", "b")
+        if direction not in ("b", "f"):
+            raise MatrixError(400, Codes.INVALID_PARAM, "dir must be b or f")
+        filter_def = await load_filter(store, requester, request.query.get("filter"))
+        limit = query_int(request, "limit", _limit_from(filter_def, 10), low=0, high=10_000)
+        limit = max(1, min(limit, MAX_LIMIT))
+        from_token = _token(request.query.get("from"))
+        dir_value: Literal["b", "f"] = "b" if direction == "b" else "f"
+        chunk = await reader.paginate(
+            requester.user_id,
+            room_id,
+            from_token,
+            direction=dir_value,
+            limit=limit,
+            to_token=_token(request.query.get("to")),
+            device_id=requester.device_id,
+        )
+        body: dict[str, Any] = {"chunk": chunk.events, "start": chunk.start.to_string()}
+        if chunk.end is not None:
+            body["end"] = chunk.end.to_string()
+        return json_response(body)
+
+    async def context(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        limit = min(query_int(request, "limit", 10), MAX_LIMIT)
+        found = await reader.context(
+            requester.user_id,
+            request.match_info["room_id"],
+            request.match_info["event_id"],
+            before=limit // 2,
+            after=limit - limit // 2,
+            device_id=requester.device_id,
+        )
+        return json_response(
+            {
+                "event": found.event,
+                "events_before": found.events_before,
+                "events_after": found.events_after,
+                "start": found.start.to_string(),
+                "end": found.end.to_string(),
+                "state": found.state,
+            }
+        )
+
+    async def members(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        at = _token(request.query.get("at"))
+        membership = request.query.getall("membership", None)
+        not_membership = request.query.getall("not_membership", None)
+        chunk = await reader.members(
+            requester.user_id,
+            request.match_info["room_id"],
+            at=at,
+            membership=membership,
+            not_membership=not_membership,
+        )
+        return json_response({"chunk": chunk})
+
+    async def get_event(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        event = await reader.get_event(
+            requester.user_id, request.match_info["event_id"], device_id=requester.device_id
+        )
+        if event is None or event.get("room_id") != request.match_info["room_id"]:
+            raise MatrixError(404, Codes.NOT_FOUND, "event not found")
+        return json_response(event)
+
+    async def full_state(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        room_id = request.match_info["room_id"]
+        await rooms.require_joined(requester, room_id)
+        state = await rooms.events.get_current_state(room_id)
+        events = await rooms.events.get_events(state.values())
+        return json_response([client_event(e) for e in events.values()])
+
+    return [
+        Route("GET", "/sync", sync),
+        Route("GET", "/rooms/{room_id}/messages", messages),
+        Route("GET", "/rooms/{room_id}/context/{event_id}", context),
+        Route("GET", "/rooms/{room_id}/members", members),
+        Route("GET", "/rooms/{room_id}/event/{event_id}", get_event),
+        Route("GET", "/rooms/{room_id}/state", full_state),
+    ]

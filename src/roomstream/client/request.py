@@ -1,0 +1,119 @@
+"""Parsing Client-Server API requests: JSON bodies, fields, query parameters, tokens.
+
+Every helper raises :class:`~roomstream.errors.MatrixError` (400 with ``M_NOT_JSON``,
+``M_BAD_JSON``, ``M_MISSING_PARAM`` or ``M_INVALID_PARAM``) for input it refuses, so
+handlers never see malformed values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar, overload
+
+import orjson
+from aiohttp import web
+
+from roomstream.errors import Codes, MatrixError
+
+__all__ = [
+    "access_token",
+    "json_response",
+    "optional",
+    "query_bool",
+    "query_int",
+    "read_json",
+    "required",
+]
+
+T = TypeVar("T")
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}`` (clients send none for
+    some POSTs)."""
+    try:
+        raw = await request.read()
+    except ConnectionResetError:
+        raise MatrixError(400, Codes.UNKNOWN, "the client went away") from None
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MatrixError(400, Codes.NOT_JSON, f"content not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise MatrixError(400, Codes.BAD_JSON, "the body must be a JSON object")
+    return body
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {str: "a string", bool: "a boolean", int: "an integer", dict: "an object"}
+    names |= {list: "a list", float: "a number"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _is(value: Any, kind: type | tuple[type, ...]) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        return False  # JSON true is not an integer
+    return isinstance(value, kinds)
+
+
+@overload
+def optional(body: dict[str, Any], name: str, kind: type[T]) -> T | None: ...
+@overload
+def optional(body: dict[str, Any], name: str, kind: type[T], default: T) -> T: ...
+def optional(body: dict[str, Any], name: str, kind: type[T], default: T | None = None) -> T | None:
+    """``body[name]`` if present and of ``kind`` (``null`` counts as absent)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is(value, kind):
+        raise MatrixError(400, Codes.BAD_JSON, f"{name} must be {_type_name(kind)}")
+    return value  # type: ignore[no-any-return]
+
+
+def required(body: dict[str, Any], name: str, kind: type[T]) -> T:
+    value = optional(body, name, kind)
+    if value is None:
+        raise MatrixError(400, Codes.MISSING_PARAM, f"missing {name}")
+    return value
+
+
+def query_int(
+    request: web.Request, name: str, default: int, *, low: int = 0, high: int = 2**53 - 1
+) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not digits.isascii() or not digits.isdigit() or len(raw) > 17:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be an integer")
+    value = int(raw)
+    if not low <= value <= high:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be in {low}..{high}")
+    return value
+
+
+def query_bool(request: web.Request, name: str, default: bool = False) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if raw not in ("true", "false"):
+        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be true or false")
+    return raw == "true"
+
+
+def access_token(request: web.Request) -> str | None:
+    """The token from ``Authorization: Bearer`` or the deprecated ``access_token`` query."""
+    header = request.headers.get("Authorization")
+    if header is not None:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise MatrixError(401, "M_MISSING_TOKEN", "Authorization must be 'Bearer <token>'")
+        return token.strip()
+    return request.query.get("access_token")

@@ -1,0 +1,166 @@
+"""Handlers for creating rooms, membership, sending, state, redactions and aliases."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from roomstream.accounts import Accounts
+from roomstream.client.request import json_response, optional, read_json, required
+from roomstream.client.rooms import CreateRoomRequest, RoomService
+from roomstream.client.server import Route, authenticate
+from roomstream.errors import Codes, MatrixError
+
+__all__ = ["room_routes"]
+
+MAX_ID_LENGTH = 255
+
+
+def _room_id(request: web.Request) -> str:
+    room_id = request.match_info["room_id"]
+    if not room_id.startswith("!") or not 1 < len(room_id) <= MAX_ID_LENGTH:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"not a room ID: {room_id[:300]!r}")
+    return room_id
+
+
+def _path_value(request: web.Request, name: str) -> str:
+    value = request.match_info.get(name, "")
+    if len(value) > MAX_ID_LENGTH:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} is too long")
+    return value
+
+
+def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
+    async def create_room(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        room_id = await rooms.create_room(requester, CreateRoomRequest.parse(body))
+        return json_response({"room_id": room_id})
+
+    async def join_any(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        await read_json(request)
+        target = _path_value(request, "room")
+        return json_response({"room_id": await rooms.join(requester, target)})
+
+    async def join_room(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        await read_json(request)
+        return json_response({"room_id": await rooms.join(requester, _room_id(request))})
+
+    async def leave(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        await read_json(request)
+        await rooms.leave(requester, _room_id(request))
+        return json_response({})
+
+    async def forget(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        await rooms.forget(requester, _room_id(request))
+        return json_response({})
+
+    async def membership(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        await rooms.change_membership(
+            requester,
+            _room_id(request),
+            request.match_info["action"],
+            required(body, "user_id", str),
+            optional(body, "reason", str),
+        )
+        return json_response({})
+
+    async def send(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        content = await read_json(request)
+        event_id = await rooms.send_event(
+            requester,
+            _room_id(request),
+            _path_value(request, "event_type"),
+            content,
+            _path_value(request, "txn_id"),
+        )
+        return json_response({"event_id": event_id})
+
+    async def put_state(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        content = await read_json(request)
+        event_id = await rooms.set_state(
+            requester,
+            _room_id(request),
+            _path_value(request, "event_type"),
+            _path_value(request, "state_key"),
+            content,
+        )
+        return json_response({"event_id": event_id})
+
+    async def get_state_entry(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        room_id = _room_id(request)
+        await rooms.require_joined(requester, room_id)
+        entry = await rooms.current_state_content(
+            room_id, _path_value(request, "event_type"), _path_value(request, "state_key")
+        )
+        if entry is None:
+            raise MatrixError(404, Codes.NOT_FOUND, "no such state event")
+        return json_response(entry[1])
+
+    async def redact(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        event_id = await rooms.redact(
+            requester,
+            _room_id(request),
+            _path_value(request, "event_id"),
+            optional(body, "reason", str),
+            _path_value(request, "txn_id"),
+        )
+        return json_response({"event_id": event_id})
+
+    async def put_alias(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        await rooms.create_alias(
+            requester, _path_value(request, "alias"), required(body, "room_id", str)
+        )
+        return json_response({})
+
+    async def get_alias(request: web.Request) -> web.Response:
+        room_id = await rooms.get_alias(_path_value(request, "alias"))
+        return json_response({"room_id": room_id, "servers": [rooms.server_name]})
+
+    async def delete_alias(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        await rooms.delete_alias(requester, _path_value(request, "alias"))
+        return json_response({})
+
+    async def joined_rooms(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        return json_response({"joined_rooms": await rooms.joined_rooms(requester)})
+
+    async def joined_members(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        joined = await rooms.joined_members(requester, _room_id(request))
+        return json_response({"joined": joined})
+
+    state_path = "/rooms/{room_id}/state/{event_type}"
+    routes: list[Route] = [
+        Route("POST", "/createRoom", create_room),
+        Route("POST", "/join/{room}", join_any),
+        Route("POST", "/rooms/{room_id}/join", join_room),
+        Route("POST", "/rooms/{room_id}/leave", leave),
+        Route("POST", "/rooms/{room_id}/forget", forget),
+        Route("POST", "/rooms/{room_id}/{action:(?:invite|kick|ban|unban)}", membership),
+        Route("PUT", "/rooms/{room_id}/send/{event_type}/{txn_id}", send),
+        Route("PUT", state_path, put_state),
+        Route("PUT", state_path + "/{state_key:.*}", put_state),
+        Route("GET", state_path, get_state_entry),
+        Route("GET", state_path + "/{state_key:.*}", get_state_entry),
+        Route("PUT", "/rooms/{room_id}/redact/{event_id}/{txn_id}", redact),
+        Route("PUT", "/directory/room/{alias}", put_alias),
+        Route("GET", "/directory/room/{alias}", get_alias),
+        Route("DELETE", "/directory/room/{alias}", delete_alias),
+        Route("GET", "/joined_rooms", joined_rooms),
+        Route("GET", "/rooms/{room_id}/joined_members", joined_members),
+    ]
+    return routes

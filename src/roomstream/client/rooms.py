@@ -1,0 +1,405 @@
+"""The Client-Server API's room actions, with their Matrix rules: room creation presets,
+membership changes, sending with transaction IDs, state, redactions, aliases.
+
+Authorization itself is the auth rules' job (:mod:`roomstream.events.auth`, applied when
+the event is created on the owning writer); this module adds what the Client-Server API
+layers on top: presets, idempotent transactions, alias resolution, duplicate state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from roomstream.accounts import Requester, parse_user_id
+from roomstream.client.request import optional
+from roomstream.client.store import ClientStore
+from roomstream.client.writes import RoomWriter
+from roomstream.errors import Codes, MatrixError
+from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, room_version
+from roomstream.reading import RoomReader
+from roomstream.rooms.creation import RoomPreset
+from roomstream.rooms.store import EventStore
+
+__all__ = ["CreateRoomRequest", "RoomService", "StateEvent"]
+
+PRESETS = ("private_chat", "public_chat", "trusted_private_chat")
+MEMBERSHIP_ACTIONS = ("invite", "kick", "ban", "unban")
+MAX_ALIAS_LENGTH = 255
+
+
+@dataclass(frozen=True)
+class StateEvent:
+    type: str
+    state_key: str
+    content: dict[str, Any]
+
+
+@dataclass
+class CreateRoomRequest:
+    """A parsed ``POST /createRoom`` body."""
+
+    preset: str | None = None
+    visibility: str = "private"
+    name: str | None = None
+    topic: str | None = None
+    invite: list[str] = field(default_factory=list)
+    initial_state: list[StateEvent] = field(default_factory=list)
+    room_version: str | None = None
+    power_level_content_override: dict[str, Any] | None = None
+    room_alias_name: str | None = None
+    is_direct: bool = False
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> CreateRoomRequest:
+        """A ``createRoom`` body, checked field by field (400 for what is malformed)."""
+        visibility = optional(body, "visibility", str, "private")
+        if visibility not in ("public", "private"):
+            raise MatrixError(400, Codes.INVALID_PARAM, "visibility must be public or private")
+        invite = optional(body, "invite", list, [])
+        if not all(isinstance(i, str) for i in invite):
+            raise MatrixError(400, Codes.BAD_JSON, "invite must be a list of user IDs")
+        return cls(
+            preset=optional(body, "preset", str),
+            visibility=visibility,
+            name=optional(body, "name", str),
+            topic=optional(body, "topic", str),
+            invite=list(invite),
+            initial_state=parse_state_events(optional(body, "initial_state", list, [])),
+            room_version=optional(body, "room_version", str),
+            power_level_content_override=optional(body, "power_level_content_override", dict),
+            room_alias_name=optional(body, "room_alias_name", str),
+            is_direct=optional(body, "is_direct", bool, False),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as a ``createRoom`` body (``parse`` gives it back)."""
+        return {
+            "preset": self.preset,
+            "visibility": self.visibility,
+            "name": self.name,
+            "topic": self.topic,
+            "invite": list(self.invite),
+            "initial_state": [
+                {"type": s.type, "state_key": s.state_key, "content": s.content}
+                for s in self.initial_state
+            ],
+            "room_version": self.room_version,
+            "power_level_content_override": self.power_level_content_override,
+            "room_alias_name": self.room_alias_name,
+            "is_direct": self.is_direct,
+        }
+
+
+class RoomService:
+    def __init__(
+        self,
+        server_name: str,
+        writer: RoomWriter,
+        events: EventStore,
+        store: ClientStore,
+        reader: RoomReader,
+    ) -> None:
+        self.server_name = server_name
+        self.writer = writer
+        self.events = events
+        self.store = store
+        self.reader = reader
+        self._txn_locks: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+
+    # -- reading current state (for the rules here; clients read via roomstream.reading)
+
+    async def current_state_content(
+        self, room_id: str, event_type: str, state_key: str
+    ) -> tuple[str, dict[str, Any], str] | None:
+        """(event ID, content, sender) of one current state entry."""
+        event_id = await self.events.get_current_state_entry(room_id, (event_type, state_key))
+        if event_id is None:
+            return None
+        event = await self.events.get_event(event_id)
+        if event is None:
+            return None
+        return event_id, dict(event.data.get("content") or {}), str(event.data.get("sender"))
+
+    async def membership(self, room_id: str, user_id: str) -> str | None:
+        return await self.events.get_membership(room_id, user_id)
+
+    async def require_joined(self, requester: Requester, room_id: str) -> None:
+        if await self.membership(room_id, requester.user_id) != "join":
+            raise MatrixError(
+                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
+            )
+
+    # -- creating rooms ----------------------------------------------------------------
+
+    async def create_room(self, requester: Requester, request: CreateRoomRequest) -> str:
+        """Create the room as ``request`` says; on a process that does not create rooms,
+        the whole request is forwarded to one that does (:class:`RoomWriter`)."""
+        if not self.writer.creates_rooms_here:
+            return await self.writer.forward_create_room(requester.user_id, request.to_json())
+        version = room_version(request.room_version or DEFAULT_ROOM_VERSION.identifier)
+        preset = request.preset or (
+            "public_chat" if request.visibility == "public" else "private_chat"
+        )
+        if preset not in PRESETS:
+            raise MatrixError(400, Codes.INVALID_PARAM, f"unknown preset {preset!r}")
+        for invitee in request.invite:
+            parse_user_id(invitee)
+        alias = None
+        if request.room_alias_name is not None:
+            alias = self._local_alias(f"#{request.room_alias_name}:{self.server_name}")
+            if await self.store.get_alias(alias) is not None:
+                raise MatrixError(400, "M_ROOM_IN_USE", f"room alias {alias} already taken")
+        sender = requester.user_id
+        public = preset == "public_chat"
+        room_id = await self.writer.create_room(
+            sender, version, RoomPreset.PUBLIC_CHAT if public else RoomPreset.PRIVATE_CHAT
+        )
+        send = self.writer.send
+        levels_override: dict[str, Any] = dict(request.power_level_content_override or {})
+        if preset == "trusted_private_chat" and request.invite:
+            users = dict(levels_override.get("users") or {})
+            for invitee in request.invite:
+                users.setdefault(invitee, 100)
+            levels_override["users"] = users
+        if levels_override:
+            current = await self.current_state_content(room_id, "m.room.power_levels", "")
+            levels = dict(current[1]) if current else {}
+            if "users" in levels_override:
+                levels_override["users"] = {
+                    **(levels.get("users") or {}),
+                    **levels_override["users"],
+                }
+            levels.update(levels_override)
+            await send(room_id, sender, "m.room.power_levels", levels, state_key="")
+        if alias is not None:
+            if not await self.store.create_alias(alias, room_id, sender):
+                raise MatrixError(400, "M_ROOM_IN_USE", f"room alias {alias} already taken")
+            await send(room_id, sender, "m.room.canonical_alias", {"alias": alias}, state_key="")
+        if not public:
+            await send(
+                room_id, sender, "m.room.guest_access", {"guest_access": "can_join"}, state_key=""
+            )
+        for state in request.initial_state:
+            await send(room_id, sender, state.type, state.content, state_key=state.state_key)
+        if request.name is not None:
+            await send(room_id, sender, "m.room.name", {"name": request.name}, state_key="")
+        if request.topic is not None:
+            await send(room_id, sender, "m.room.topic", {"topic": request.topic}, state_key="")
+        for invitee in request.invite:
+            content: dict[str, Any] = {"membership": "invite"}
+            if request.is_direct:
+                content["is_direct"] = True
+            await send(room_id, sender, "m.room.member", content, state_key=invitee)
+        if request.visibility == "public":
+            await self.store.set_room_public(room_id, True)
+        return room_id
+
+    # -- membership --------------------------------------------------------------------
+
+    async def resolve_room(self, room_id_or_alias: str) -> str:
+        if room_id_or_alias.startswith("#"):
+            found = await self.store.get_alias(self._local_alias(room_id_or_alias))
+            if found is None:
+                raise MatrixError(404, Codes.NOT_FOUND, f"room alias {room_id_or_alias} unknown")
+            return found[0]
+        if not room_id_or_alias.startswith("!"):
+            raise MatrixError(400, Codes.INVALID_PARAM, "expected a room ID or alias")
+        return room_id_or_alias
+
+    async def join(self, requester: Requester, room_id_or_alias: str) -> str:
+        room_id = await self.resolve_room(room_id_or_alias)
+        if await self.events.get_room_version(room_id) is None:
+            raise MatrixError(404, Codes.NOT_FOUND, f"unknown room {room_id}")
+        if await self.membership(room_id, requester.user_id) == "join":
+            return room_id
+        await self.writer.send(
+            room_id,
+            requester.user_id,
+            "m.room.member",
+            {"membership": "join"},
+            state_key=requester.user_id,
+        )
+        await self.store.unforget(requester.user_id, room_id)
+        return room_id
+
+    async def leave(self, requester: Requester, room_id: str) -> None:
+        if await self.membership(room_id, requester.user_id) in (None, "leave"):
+            raise MatrixError(
+                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
+            )
+        await self.writer.send(
+            room_id,
+            requester.user_id,
+            "m.room.member",
+            {"membership": "leave"},
+            state_key=requester.user_id,
+        )
+
+    async def change_membership(
+        self, requester: Requester, room_id: str, action: str, target: str, reason: str | None
+    ) -> None:
+        """``invite``, ``kick``, ``ban`` or ``unban`` ``target``."""
+        parse_user_id(target)
+        await self.require_joined(requester, room_id)
+        current = await self.membership(room_id, target)
+        if action == "invite" and current == "join":
+            raise MatrixError(403, Codes.FORBIDDEN, f"{target} is already in the room")
+        if action == "kick" and current not in ("join", "invite", "knock"):
+            raise MatrixError(403, Codes.FORBIDDEN, f"{target} is not in the room")
+        if action == "unban" and current != "ban":
+            raise MatrixError(403, Codes.FORBIDDEN, f"{target} is not banned")
+        membership = {"invite": "invite", "kick": "leave", "ban": "ban", "unban": "leave"}[action]
+        content: dict[str, Any] = {"membership": membership}
+        if reason is not None:
+            content["reason"] = reason
+        await self.writer.send(
+            room_id, requester.user_id, "m.room.member", content, state_key=target
+        )
+
+    async def forget(self, requester: Requester, room_id: str) -> None:
+        if await self.membership(room_id, requester.user_id) in ("join", "invite", "knock"):
+            raise MatrixError(400, Codes.UNKNOWN, "leave the room before forgetting it")
+        await self.store.forget(requester.user_id, room_id)
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def send_event(
+        self,
+        requester: Requester,
+        room_id: str,
+        event_type: str,
+        content: Mapping[str, Any],
+        txn_id: str,
+    ) -> str:
+        """``PUT /send``: the same (device, transaction ID) always gives the same event."""
+        return await self._once(
+            requester,
+            room_id,
+            txn_id,
+            lambda: self.writer.send(room_id, requester.user_id, event_type, content),
+        )
+
+    async def redact(
+        self,
+        requester: Requester,
+        room_id: str,
+        event_id: str,
+        reason: str | None,
+        txn_id: str,
+    ) -> str:
+        content: dict[str, Any] = {} if reason is None else {"reason": reason}
+        return await self._once(
+            requester,
+            room_id,
+            txn_id,
+            lambda: self.writer.send(
+                room_id, requester.user_id, "m.room.redaction", content, redacts=event_id
+            ),
+        )
+
+    async def _once(self, requester: Requester, room_id: str, txn_id: str, make: Any) -> str:
+        key = (requester.user_id, requester.device_id, txn_id)
+        lock = self._txn_locks.get(key)
+        if lock is None:
+            lock = self._txn_locks[key] = asyncio.Lock()
+        async with lock:
+            existing = await self.reader.event_for_transaction(room_id, *key)
+            if existing is not None:
+                return existing
+            await self.require_joined(requester, room_id)
+            event_id = str(await make())
+            await self.reader.record_transaction_id(event_id, room_id, *key)
+            return event_id
+
+    async def set_state(
+        self,
+        requester: Requester,
+        room_id: str,
+        event_type: str,
+        state_key: str,
+        content: dict[str, Any],
+    ) -> str:
+        """Send a state event; an identical one from the same sender is not sent again."""
+        current = await self.current_state_content(room_id, event_type, state_key)
+        if current is not None and current[1] == content and current[2] == requester.user_id:
+            return current[0]
+        if event_type != "m.room.member":
+            await self.require_joined(requester, room_id)
+        return await self.writer.send(
+            room_id, requester.user_id, event_type, content, state_key=state_key
+        )
+
+    # -- aliases -----------------------------------------------------------------------
+
+    def _local_alias(self, alias: str) -> str:
+        if not alias.startswith("#") or ":" not in alias or len(alias) > MAX_ALIAS_LENGTH:
+            raise MatrixError(400, Codes.INVALID_PARAM, f"not a room alias: {alias[:300]!r}")
+        localpart, _, server = alias[1:].partition(":")
+        if not localpart or server != self.server_name:
+            raise MatrixError(
+                400, Codes.INVALID_PARAM, f"room aliases must end in :{self.server_name}"
+            )
+        return alias
+
+    async def create_alias(self, requester: Requester, alias: str, room_id: str) -> None:
+        alias = self._local_alias(alias)
+        if await self.events.get_room_version(room_id) is None:
+            raise MatrixError(404, Codes.NOT_FOUND, f"unknown room {room_id}")
+        await self.require_joined(requester, room_id)
+        if not await self.store.create_alias(alias, room_id, requester.user_id):
+            raise MatrixError(409, Codes.UNKNOWN, f"room alias {alias} already exists")
+
+    async def get_alias(self, alias: str) -> str:
+        found = await self.store.get_alias(self._local_alias(alias))
+        if found is None:
+            raise MatrixError(404, Codes.NOT_FOUND, f"room alias {alias} not found")
+        return found[0]
+
+    async def delete_alias(self, requester: Requester, alias: str) -> None:
+        found = await self.store.get_alias(self._local_alias(alias))
+        if found is None:
+            raise MatrixError(404, Codes.NOT_FOUND, f"room alias {alias} not found")
+        if found[1] != requester.user_id:
+            raise MatrixError(403, Codes.FORBIDDEN, "only the alias's creator may delete it")
+        await self.store.delete_alias(alias)
+
+    # -- room lists --------------------------------------------------------------------
+
+    async def joined_rooms(self, requester: Requester) -> list[str]:
+        return await self.events.get_rooms_for_user(requester.user_id)
+
+    async def joined_members(self, requester: Requester, room_id: str) -> dict[str, dict[str, Any]]:
+        await self.require_joined(requester, room_id)
+        state = await self.events.get_current_state(room_id)
+        member_ids = [eid for (t, _), eid in state.items() if t == "m.room.member"]
+        events = await self.events.get_events(member_ids)
+        joined: dict[str, dict[str, Any]] = {}
+        for event in events.values():
+            content = event.data.get("content") or {}
+            if content.get("membership") == "join":
+                joined[str(event.data["state_key"])] = {
+                    "display_name": content.get("displayname"),
+                    "avatar_url": content.get("avatar_url"),
+                }
+        return joined
+
+
+def parse_state_events(raw: Sequence[Any]) -> list[StateEvent]:
+    result = []
+    for item in raw:
+        if not isinstance(item, dict):
+            raise MatrixError(400, Codes.BAD_JSON, "initial_state entries must be objects")
+        event_type, state_key = item.get("type"), item.get("state_key", "")
+        content = item.get("content")
+        if not isinstance(event_type, str) or not isinstance(state_key, str):
+            raise MatrixError(400, Codes.BAD_JSON, "initial_state needs type and state_key")
+        if not isinstance(content, dict):
+            raise MatrixError(400, Codes.BAD_JSON, "initial_state content must be an object")
+        result.append(StateEvent(event_type, state_key, content))
+    return result

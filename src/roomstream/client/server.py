@@ -1,0 +1,86 @@
+"""The Client-Server API on an aiohttp application: routes, errors, CORS, authentication.
+
+:class:`ClientApi` adds its routes and one middleware to an application (in roomstream, the
+instance's HTTP listener, beside the internal API). The middleware adds CORS to every
+response under ``/_matrix`` and answers ``OPTIONS`` (preflights) on every path; failures
+become Matrix errors in the one error middleware of roomstream's HTTP servers
+(:func:`roomstream.replication.http.matrix_error_middleware`): a ``MatrixError`` becomes
+its status and ``errcode``; unknown paths are 404 and known paths with another method
+405, both ``M_UNRECOGNIZED``; anything unexpected is logged and answered 500
+``M_UNKNOWN`` (never an HTML page).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from roomstream.accounts import Accounts, Requester
+from roomstream.client.request import access_token, json_response
+from roomstream.replication.http import matrix_error_middleware
+
+__all__ = ["MATRIX_PREFIX", "ClientApi", "Handler", "Route"]
+
+logger = logging.getLogger(__name__)
+
+MATRIX_PREFIX = "/_matrix"
+CLIENT_PREFIX = "/_matrix/client"
+#: Path versions served for every endpoint (clients mix r0, v3 and v1 paths).
+VERSION_PATTERN = "{api_version:(?:r0|v3|v1|unstable)}"
+
+CORS_HEADERS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "GET, HEAD, POST, PUT, DELETE, OPTIONS",
+    "Access-Control-Allow-Headers": "X-Requested-With, Content-Type, Authorization, Date",
+    "Access-Control-Expose-Headers": "Synapse-Trace-Id, Server",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    #: Path after ``/_matrix/client/{version}`` (or the full path when ``absolute``).
+    path: str
+    handler: Handler
+    absolute: bool = False
+
+
+class ClientApi:
+    """Installs the client routes of ``route_groups`` on an application."""
+
+    def __init__(self, accounts: Accounts, routes: Sequence[Route]) -> None:
+        self.accounts = accounts
+        self.routes = list(routes)
+
+    def install(self, app: web.Application) -> None:
+        app.middlewares.append(matrix_errors)
+        for route in self.routes:
+            path = (
+                route.path if route.absolute else f"{CLIENT_PREFIX}/{VERSION_PATTERN}{route.path}"
+            )
+            app.router.add_route(route.method, path, route.handler)
+
+
+async def authenticate(accounts: Accounts, request: web.Request) -> Requester:
+    return await accounts.authenticate(access_token(request))
+
+
+@web.middleware
+async def matrix_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """CORS for everything under ``/_matrix`` (preflights answered here), errors mapped by
+    the one error middleware (:func:`roomstream.replication.http.matrix_error_middleware`)
+    so that error answers carry the CORS headers too."""
+    if not request.path.startswith(MATRIX_PREFIX):
+        return await handler(request)
+    if request.method == "OPTIONS":
+        response: web.StreamResponse = json_response({})
+    else:
+        response = await matrix_error_middleware(request, handler)
+    if not response.prepared:
+        response.headers.update(CORS_HEADERS)
+    return response

@@ -1,0 +1,237 @@
+"""Per-user data on their streams: account data (global, per room, tags), read receipts,
+to-device messages. Each write is one stream fact; readers ask for what changed after a
+position of that stream.
+
+The writes here are local: :class:`~roomstream.client.writes.UserDataWriter` calls them
+on the process that writes the stream (``main`` unless configured) and forwards them
+there from any other; called on a process that does not write the stream they answer
+``400 M_UNKNOWN``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from roomstream.errors import Codes, MatrixError
+from roomstream.storage import Transaction
+from roomstream.streams import StreamSet
+
+__all__ = ["UserData"]
+
+#: To-device messages handed out per sync.
+TO_DEVICE_LIMIT = 100
+
+
+class UserData:
+    def __init__(self, streams: StreamSet, instance_name: str) -> None:
+        self.streams = streams
+        self.db = streams.database
+        self.instance_name = instance_name
+
+    def position(self, stream_name: str) -> int:
+        """Every fact of the stream at or below this is complete (all writers)."""
+        return self.streams.generator(stream_name).get_linear_position()
+
+    def _writer(self, stream_name: str) -> Any:
+        generator = self.streams.generator(stream_name)
+        if not generator.is_writer():
+            raise MatrixError(
+                400, Codes.UNKNOWN, f"{self.instance_name} does not write {stream_name}"
+            )
+        return generator
+
+    # -- account data ------------------------------------------------------------------
+
+    async def put_account_data(
+        self, user_id: str, room_id: str | None, data_type: str, content: Mapping[str, Any]
+    ) -> int:
+        raw = orjson.dumps(content).decode()
+        instance = self.instance_name
+
+        def txn(t: Transaction, ids: list[int]) -> None:
+            if room_id is None:
+                t.execute(
+                    "INSERT INTO account_data"
+                    " (stream_id, instance_name, user_id, account_data_type, content)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, account_data_type)"
+                    " DO UPDATE SET stream_id = excluded.stream_id,"
+                    " instance_name = excluded.instance_name, content = excluded.content",
+                    (ids[0], instance, user_id, data_type, raw),
+                )
+            else:
+                t.execute(
+                    "INSERT INTO room_account_data (stream_id, instance_name, user_id,"
+                    " room_id, account_data_type, content) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (user_id, room_id, account_data_type)"
+                    " DO UPDATE SET stream_id = excluded.stream_id,"
+                    " instance_name = excluded.instance_name, content = excluded.content",
+                    (ids[0], instance, user_id, room_id, data_type, raw),
+                )
+
+        ids, _ = await self._writer("account_data").run_with_ids(1, txn)
+        return int(ids[0])
+
+    async def get_account_data(
+        self, user_id: str, room_id: str | None, data_type: str
+    ) -> dict[str, Any] | None:
+        if room_id is None:
+            sql = "SELECT content FROM account_data WHERE user_id = ? AND account_data_type = ?"
+            params: tuple[str, ...] = (user_id, data_type)
+        else:
+            sql = (
+                "SELECT content FROM room_account_data"
+                " WHERE user_id = ? AND room_id = ? AND account_data_type = ?"
+            )
+            params = (user_id, room_id, data_type)
+        row = await self.db.run_interaction(lambda t: t.query_one(sql, params))
+        if row is None:
+            return None
+        value = orjson.loads(row[0])
+        return value if isinstance(value, dict) else None
+
+    async def account_data_since(
+        self, user_id: str, since: int, upto: int
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
+        """(global type -> content, room -> type -> content) changed in ``(since, upto]``."""
+
+        def txn(t: Transaction) -> Any:
+            global_rows = t.query(
+                "SELECT account_data_type, content FROM account_data"
+                " WHERE user_id = ? AND stream_id > ? AND stream_id <= ?",
+                (user_id, since, upto),
+            )
+            room_rows = t.query(
+                "SELECT room_id, account_data_type, content FROM room_account_data"
+                " WHERE user_id = ? AND stream_id > ? AND stream_id <= ?",
+                (user_id, since, upto),
+            )
+            return global_rows, room_rows
+
+        global_rows, room_rows = await self.db.run_interaction(txn)
+        per_room: dict[str, dict[str, dict[str, Any]]] = {}
+        for room_id, data_type, content in room_rows:
+            per_room.setdefault(room_id, {})[data_type] = orjson.loads(content)
+        return {r[0]: orjson.loads(r[1]) for r in global_rows}, per_room
+
+    # -- receipts ----------------------------------------------------------------------
+
+    async def put_receipt(
+        self,
+        room_id: str,
+        receipt_type: str,
+        user_id: str,
+        event_id: str,
+        thread_id: str | None,
+    ) -> int:
+        """Replace the user's receipt of this type (and thread) in the room."""
+        data = orjson.dumps({"ts": int(time.time() * 1000)}).decode()
+        instance = self.instance_name
+
+        def txn(t: Transaction, ids: list[int]) -> None:
+            t.execute(
+                "DELETE FROM receipts WHERE room_id = ? AND receipt_type = ? AND user_id = ?"
+                " AND COALESCE(thread_id, '') = ?",
+                (room_id, receipt_type, user_id, thread_id or ""),
+            )
+            t.execute(
+                "INSERT INTO receipts (stream_id, instance_name, room_id, receipt_type,"
+                " user_id, event_id, thread_id, data) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (ids[0], instance, room_id, receipt_type, user_id, event_id, thread_id, data),
+            )
+
+        ids, _ = await self._writer("receipts").run_with_ids(1, txn)
+        return int(ids[0])
+
+    async def receipts_since(
+        self, room_ids: Sequence[str], since: int, upto: int
+    ) -> dict[str, dict[str, Any]]:
+        """room -> the ``m.receipt`` content of receipts in ``(since, upto]``."""
+        if not room_ids:
+            return {}
+        rooms = list(room_ids)
+
+        def txn(t: Transaction) -> list[Any]:
+            rows: list[Any] = []
+            for start in range(0, len(rooms), 500):
+                chunk = rooms[start : start + 500]
+                rows += t.query(
+                    "SELECT room_id, receipt_type, user_id, event_id, thread_id, data"
+                    f" FROM receipts WHERE room_id IN ({','.join('?' * len(chunk))})"
+                    " AND stream_id > ? AND stream_id <= ?",
+                    (*chunk, since, upto),
+                )
+            return rows
+
+        result: dict[str, dict[str, Any]] = {}
+        for (
+            room_id,
+            receipt_type,
+            user_id,
+            event_id,
+            thread_id,
+            data,
+        ) in await self.db.run_interaction(txn):
+            receipt = orjson.loads(data)
+            if thread_id is not None:
+                receipt["thread_id"] = thread_id
+            content = result.setdefault(room_id, {})
+            content.setdefault(event_id, {}).setdefault(receipt_type, {})[user_id] = receipt
+        return result
+
+    # -- to-device ---------------------------------------------------------------------
+
+    async def send_to_device(
+        self, sender: str, event_type: str, messages: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """Queue messages for local devices (``*``: every device of the user)."""
+        instance = self.instance_name
+
+        def txn(t: Transaction, ids: list[int]) -> None:
+            rows = []
+            for user_id, by_device in messages.items():
+                devices = list(by_device)
+                if "*" in by_device:
+                    found = t.query("SELECT device_id FROM devices WHERE user_id = ?", (user_id,))
+                    devices = [r[0] for r in found]
+                for device_id in devices:
+                    content = by_device.get(device_id, by_device.get("*"))
+                    message = {"type": event_type, "sender": sender, "content": content}
+                    rows.append((ids[0], instance, user_id, device_id, orjson.dumps(message)))
+            t.executemany(
+                "INSERT INTO device_inbox"
+                " (stream_id, instance_name, user_id, device_id, message_json)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(*r[:4], r[4].decode()) for r in rows],
+            )
+
+        await self._writer("to_device").run_with_ids(1, txn)
+
+    async def to_device_messages(
+        self, user_id: str, device_id: str, acknowledged: int, upto: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Delete the device's messages up to ``acknowledged`` (the client has them: it
+        synced from there), then return the next ones up to ``upto``, with the position
+        to acknowledge them by."""
+
+        def txn(t: Transaction) -> tuple[list[Any], int]:
+            t.execute(
+                "DELETE FROM device_inbox WHERE user_id = ? AND device_id = ? AND stream_id <= ?",
+                (user_id, device_id, acknowledged),
+            )
+            rows = t.query(
+                "SELECT stream_id, message_json FROM device_inbox"
+                " WHERE user_id = ? AND device_id = ? AND stream_id <= ?"
+                f" ORDER BY stream_id LIMIT {TO_DEVICE_LIMIT + 1}",
+                (user_id, device_id, upto),
+            )
+            end = upto
+            if len(rows) > TO_DEVICE_LIMIT:
+                end = int(rows[TO_DEVICE_LIMIT][0]) - 1
+                rows = [r for r in rows if int(r[0]) <= end]
+            return [orjson.loads(r[1]) for r in rows], end
+
+        return await self.db.run_interaction(txn)

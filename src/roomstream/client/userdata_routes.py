@@ -1,0 +1,205 @@
+"""Handlers for account data, tags, filters, typing, receipts, read markers, to-device
+messages and push rules."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from roomstream.accounts import Accounts, Requester
+from roomstream.client.notifier import Notifier
+from roomstream.client.pushrules import default_push_rules
+from roomstream.client.request import json_response, optional, read_json, required
+from roomstream.client.rooms import RoomService
+from roomstream.client.server import Route, authenticate
+from roomstream.client.store import ClientStore
+from roomstream.client.userdata import UserData
+from roomstream.client.writes import UserDataWriter
+from roomstream.errors import Codes, MatrixError
+
+__all__ = ["userdata_routes"]
+
+RECEIPT_TYPES = ("m.read", "m.read.private")
+MAX_KEY_LENGTH = 255
+
+
+def _own(request: web.Request, requester: Requester) -> str:
+    user_id = request.match_info["user_id"]
+    if user_id != requester.user_id:
+        raise MatrixError(403, Codes.FORBIDDEN, "cannot access another user's data")
+    return user_id
+
+
+def _key(request: web.Request, name: str) -> str:
+    value = request.match_info[name]
+    if not value or len(value) > MAX_KEY_LENGTH:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be 1-{MAX_KEY_LENGTH} chars")
+    return value
+
+
+def userdata_routes(
+    accounts: Accounts,
+    rooms: RoomService,
+    store: ClientStore,
+    data: UserData,
+    notifier: Notifier,
+    writes: UserDataWriter,
+) -> list[Route]:
+    async def put_account_data(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        user_id = _own(request, requester)
+        room_id = request.match_info.get("room_id")
+        content = await read_json(request)
+        if room_id is not None:
+            await rooms.require_joined(requester, room_id)
+        await writes.put_account_data(user_id, room_id, _key(request, "data_type"), content)
+        return json_response({})
+
+    async def get_account_data(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        user_id = _own(request, requester)
+        content = await data.get_account_data(
+            user_id, request.match_info.get("room_id"), _key(request, "data_type")
+        )
+        if content is None:
+            raise MatrixError(404, Codes.NOT_FOUND, "no account data of that type")
+        return json_response(content)
+
+    async def get_tags(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        user_id = _own(request, requester)
+        tags = await data.get_account_data(user_id, request.match_info["room_id"], "m.tag")
+        return json_response({"tags": (tags or {}).get("tags", {})})
+
+    async def change_tag(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        user_id = _own(request, requester)
+        room_id, tag = request.match_info["room_id"], _key(request, "tag")
+        body = await read_json(request) if request.method == "PUT" else {}
+        await rooms.require_joined(requester, room_id)
+        current = await data.get_account_data(user_id, room_id, "m.tag") or {}
+        tags = dict(current.get("tags") or {})
+        if request.method == "PUT":
+            order = body.get("order")
+            if order is not None and (
+                isinstance(order, bool) or not isinstance(order, int | float)
+            ):
+                raise MatrixError(400, Codes.BAD_JSON, "order must be a number")
+            tags[tag] = {} if order is None else {"order": order}
+        else:
+            tags.pop(tag, None)
+        await writes.put_account_data(user_id, room_id, "m.tag", {"tags": tags})
+        return json_response({})
+
+    async def post_filter(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        user_id = _own(request, requester)
+        definition = await read_json(request)
+        filter_id = await store.add_filter(user_id, definition)
+        return json_response({"filter_id": str(filter_id)})
+
+    async def get_filter(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        user_id = _own(request, requester)
+        raw = request.match_info["filter_id"]
+        found = (
+            await store.get_filter(user_id, int(raw))
+            if raw.isascii() and raw.isdigit() and len(raw) < 18
+            else None
+        )
+        if found is None:
+            raise MatrixError(404, Codes.NOT_FOUND, "no such filter")
+        return json_response(found)
+
+    async def put_typing(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        _own(request, requester)
+        room_id = request.match_info["room_id"]
+        body = await read_json(request)
+        typing_now = required(body, "typing", bool)
+        timeout = optional(body, "timeout", int, 30_000)
+        await rooms.require_joined(requester, room_id)
+        await writes.set_typing(room_id, requester.user_id, typing_now, max(0, timeout))
+        return json_response({})
+
+    async def post_receipt(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        room_id = request.match_info["room_id"]
+        receipt_type = request.match_info["receipt_type"]
+        body = await read_json(request)
+        thread_id = optional(body, "thread_id", str)
+        await rooms.require_joined(requester, room_id)
+        if receipt_type == "m.fully_read":
+            await writes.put_account_data(
+                requester.user_id,
+                room_id,
+                "m.fully_read",
+                {"event_id": _key(request, "event_id")},
+            )
+        elif receipt_type in RECEIPT_TYPES:
+            await writes.put_receipt(
+                room_id, receipt_type, requester.user_id, _key(request, "event_id"), thread_id
+            )
+        else:
+            raise MatrixError(400, Codes.INVALID_PARAM, f"unknown receipt type {receipt_type}")
+        return json_response({})
+
+    async def read_markers(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        room_id = request.match_info["room_id"]
+        body = await read_json(request)
+        await rooms.require_joined(requester, room_id)
+        fully_read = optional(body, "m.fully_read", str)
+        if fully_read is not None:
+            await writes.put_account_data(
+                requester.user_id, room_id, "m.fully_read", {"event_id": fully_read}
+            )
+        for receipt_type in RECEIPT_TYPES:
+            event_id = optional(body, receipt_type, str)
+            if event_id is not None:
+                await writes.put_receipt(room_id, receipt_type, requester.user_id, event_id, None)
+        return json_response({})
+
+    async def send_to_device(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        messages = required(body, "messages", dict)
+        for user_id, by_device in messages.items():
+            if not isinstance(by_device, dict) or not all(
+                isinstance(c, dict) for c in by_device.values()
+            ):
+                raise MatrixError(400, Codes.BAD_JSON, "messages: user -> device -> object")
+            if not user_id.endswith(":" + accounts.server_name):
+                raise MatrixError(400, Codes.INVALID_PARAM, "only local users can be reached")
+        await writes.send_to_device(requester.user_id, _key(request, "event_type"), messages)
+        return json_response({})
+
+    async def push_rules(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        rules = default_push_rules(requester.user_id)
+        scope = request.match_info.get("scope")
+        if scope is not None:
+            if scope not in rules:
+                raise MatrixError(404, Codes.NOT_FOUND, f"no push rule scope {scope}")
+            return json_response(rules[scope])
+        return json_response(rules)
+
+    user = "/user/{user_id}"
+    room_data = user + "/rooms/{room_id}/account_data/{data_type}"
+    tags = user + "/rooms/{room_id}/tags"
+    return [
+        Route("PUT", user + "/account_data/{data_type}", put_account_data),
+        Route("GET", user + "/account_data/{data_type}", get_account_data),
+        Route("PUT", room_data, put_account_data),
+        Route("GET", room_data, get_account_data),
+        Route("GET", tags, get_tags),
+        Route("PUT", tags + "/{tag}", change_tag),
+        Route("DELETE", tags + "/{tag}", change_tag),
+        Route("POST", user + "/filter", post_filter),
+        Route("GET", user + "/filter/{filter_id}", get_filter),
+        Route("PUT", "/rooms/{room_id}/typing/{user_id}", put_typing),
+        Route("POST", "/rooms/{room_id}/receipt/{receipt_type}/{event_id}", post_receipt),
+        Route("POST", "/rooms/{room_id}/read_markers", read_markers),
+        Route("PUT", "/sendToDevice/{event_type}/{txn_id}", send_to_device),
+        Route("GET", "/pushrules/", push_rules),
+        Route("GET", "/pushrules/{scope}/", push_rules),
+    ]
