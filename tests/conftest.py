@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
 from psycopg import sql
 
 from roomstream.storage import Database, DatabaseConfig, connect, prepare_database
@@ -22,6 +23,15 @@ PG_ADMIN_DSN = os.environ.get("ROOMSTREAM_TEST_PG", "postgresql://postgres@127.0
 REDIS_URL = os.environ.get("ROOMSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ENGINES = ("sqlite", "postgres")
+
+# Property tests are judged on what they find, never on how fast one example runs: no
+# deadline and no too_slow health check (both fail on a busy machine). The rest comes from
+# the profile Hypothesis picked (under CI: derandomized, no example database).
+settings.register_profile(
+    "roomstream",
+    settings(settings.default, deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+)
+settings.load_profile("roomstream")
 
 
 def service_unavailable(what: str, exc: BaseException) -> None:

@@ -26,7 +26,7 @@ def test_full_file(tmp_path: Path) -> None:
         "instance_name: writer1\n"
         "database: {engine: postgres, dsn: 'postgresql://postgres@127.0.0.1/x'}\n"
         "stream_writers: {events: [writer1, writer2], typing: main}\n"
-        "instances: {writer1: {replication_port: 9100}}\n"
+        "instances: {writer1: {replication_port: 9100}, writer2: {}, main: {}}\n"
         "replication: {transport: redis}\n"
     )
     config = load_config(path)
@@ -48,6 +48,25 @@ def test_full_file(tmp_path: Path) -> None:
         ({"replication": {"transport": "carrier-pigeon"}}, "replication.transport"),
         ({"instances": {"w": {"host": "0.0.0.0"}}}, "shared_secret"),
         ({"instances": {"w": {"colour": "red"}}}, "unknown keys in instances.w"),
+        ({"instances": {"w": {"http_port": "8008"}}}, r"instances.w.http_port must be an integer"),
+        ({"instances": {"w": {"http_port": 70000}}}, r"instances.w.http_port must be a port .*"),
+        ({"instances": {"w": {"replication_port": 0}}}, r"replication_port must be a port"),
+        ({"instances": {"w": {"replication_port": True}}}, r"replication_port must be an integer"),
+        ({"redis": {"port": -1}}, r"redis.port must be a port number in 1..65535, not -1"),
+        ({"replication": {"ping_timeout": "soon"}}, r"replication.ping_timeout must be a number"),
+        ({"replication": {"max_outbound_lines": 0}}, r"max_outbound_lines must be positive"),
+        ({"database": {"pool_max": "8"}}, r"database.pool_max must be an integer"),
+        ({"database": {"pool_min": 9, "pool_max": 8}}, r"pool_min \(9\) exceeds"),
+        ({"server_name": 42}, r"server_name must be a string"),
+        ({"instances": ["main"]}, r"instances must be a mapping"),
+        (
+            {"stream_writers": {"events": ["w1", "w9"]}, "instances": {"w1": {}}},
+            r"stream_writers.events names 'w9', which is not among instances \(w1\)",
+        ),
+        (
+            {"instances": {"a": {"http_port": 9000}, "b": {"replication_port": 9000}}},
+            r"instances.b.replication_port: port 9000 on 127.0.0.1 is also instances.a.http_port",
+        ),
     ],
 )
 def test_invalid_configuration_is_explained(raw: dict[str, object], message: str) -> None:
@@ -60,3 +79,35 @@ def test_non_loopback_listener_allowed_with_secret() -> None:
         {"instances": {"w": {"host": "0.0.0.0"}}, "replication": {"shared_secret": "s3cret"}}
     )
     assert config.instance("w").host == "0.0.0.0"
+
+
+def test_paths_are_checked(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(ConfigError, match=r"^data_dir: .*afile exists and is not a directory$"):
+        parse_config({"data_dir": str(afile)})
+    with pytest.raises(ConfigError, match=r"database.path: .*afile is not a directory"):
+        parse_config({"database": {"path": str(afile / "x" / "roomstream.db")}})
+    with pytest.raises(ConfigError, match=r"database.path: .* is a directory, not a file"):
+        parse_config({"database": {"path": str(tmp_path)}})
+    # Directories that do not exist yet are fine: roomstream creates them.
+    config = parse_config({"data_dir": str(tmp_path / "new" / "data")})
+    assert config.database.path == str(tmp_path / "new" / "data" / "roomstream.db")
+
+
+def test_every_mistake_is_one_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            {
+                "instances": {"w1": {"http_port": "x", "replication_port": 99999}},
+                "stream_writers": {"events": ["w2"]},
+                "redis": {"port": "6379"},
+            }
+        )
+    assert sorted(info.value.problems) == [
+        "instances.w1.http_port must be an integer, not 'x'",
+        "instances.w1.replication_port must be a port number in 1..65535, not 99999",
+        "redis.port must be an integer, not '6379'",
+        "stream_writers.events names 'w2', which is not among instances (w1)",
+    ]
+    assert str(info.value).count("\n") == 3

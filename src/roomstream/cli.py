@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from roomstream.config import Config, ConfigError, load_config
-from roomstream.storage import connect, prepare_database
+from roomstream.storage import DatabaseUnavailableError, connect, prepare_database
 from roomstream.streams import StreamSet
 
 console = Console()
@@ -49,16 +49,58 @@ async def cmd_streams(config: Config, args: argparse.Namespace) -> int:
 
 
 async def cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from roomstream.app import run_demo, run_with_demo_traffic
+    from roomstream.app import ViewsJob, run_demo, run_with_demo_traffic
     from roomstream.replication.worker import run_instance
 
     if args.instance:
         config = config.with_instance(args.instance)
     if args.once:
         return await run_demo(config, console)
-    if args.demo:
-        return await run_with_demo_traffic(config, console)
-    return await run_instance(config, console, record_path=args.record)
+    views = config.run_views_job if args.views is None else args.views
+    job = ViewsJob.for_config(config, args.config) if views else None
+    if job is not None:
+        db = connect(config.database)  # the schema first: the job reads and writes it
+        try:
+            await prepare_database(db)
+        finally:
+            await db.close()
+        await job.start()
+    try:
+        if args.demo:
+            return await run_with_demo_traffic(config, console)
+        return await run_instance(config, console, record_path=args.record)
+    finally:
+        if job is not None:
+            await job.stop()
+
+
+async def cmd_register(config: Config, args: argparse.Namespace) -> int:
+    """Create a local user, as Synapse's ``register_new_matrix_user`` does (works with
+    registration closed)."""
+    import getpass
+
+    from roomstream.accounts import Accounts, AccountStore
+    from roomstream.errors import MatrixError
+
+    password = args.password
+    if password is None:
+        password = getpass.getpass(f"password for {args.username}: ")
+        if getpass.getpass("again: ") != password:
+            console.print("[red]the passwords differ[/red]")
+            return 2
+    db = connect(config.database)
+    try:
+        await prepare_database(db)
+        accounts = Accounts(AccountStore(db), config.server_name)
+        try:
+            created = await accounts.create_account(args.username, password, admin=args.admin)
+        except MatrixError as exc:
+            console.print(f"[red]{exc.errcode}:[/red] {exc.message}")
+            return 1
+    finally:
+        await db.close()
+    console.print(f"registered {created.user_id}" + (" (admin)" if args.admin else ""))
+    return 0
 
 
 async def cmd_views(config: Config, args: argparse.Namespace) -> int:
@@ -68,27 +110,117 @@ async def cmd_views(config: Config, args: argparse.Namespace) -> int:
     from roomstream.pipelines.views import rebuild_views_cli, run_views
 
     loop = asyncio.get_running_loop()
-    if args.rebuild:
-        offset = await loop.run_in_executor(
-            None,
-            lambda: rebuild_views_cli(
-                config.database, master=args.master, parquet_path=args.parquet
-            ),
-        )
-        console.print(f"views rebuilt up to {offset}")
-        return 0
-    checkpoint = args.checkpoint or os.path.join(config.data_dir, "checkpoints", "views")
-    await loop.run_in_executor(
-        None,
-        lambda: run_views(
-            config.database,
-            checkpoint,
-            master=args.master,
-            parquet_path=args.parquet,
-            once=not args.follow,
-        ),
+    quiet = not args.verbose
+    where = "PostgreSQL" if config.database.engine == "postgres" else config.database.path
+    offset: dict[str, int] | None = None
+    with console.status(f"updating the views in {where} with Spark ({args.master})"):
+        if args.rebuild:
+            offset = await loop.run_in_executor(
+                None,
+                lambda: rebuild_views_cli(
+                    config.database, master=args.master, parquet_path=args.parquet, quiet=quiet
+                ),
+            )
+        else:
+            checkpoint = args.checkpoint or os.path.join(config.data_dir, "checkpoints", "views")
+            await loop.run_in_executor(
+                None,
+                lambda: run_views(
+                    config.database,
+                    checkpoint,
+                    master=args.master,
+                    parquet_path=args.parquet,
+                    once=not args.follow,
+                    quiet=quiet,
+                ),
+            )
+    await _print_views_summary(config, args.parquet, offset)
+    if args.follow:
+        console.print("views job stopped")
+    return 0
+
+
+async def _print_views_summary(
+    config: Config, parquet: str | None, offset: dict[str, int] | None
+) -> None:
+    """Which tables (and Parquet directories) hold the views, and what is in them."""
+    from roomstream.pipelines.views import parquet_paths, views_summary_txn
+
+    db = connect(config.database)
+    try:
+        summary = await db.run_interaction(views_summary_txn)
+    finally:
+        await db.close()
+    where = (
+        f"PostgreSQL ({config.database.schema or 'public'} schema)"
+        if config.database.engine == "postgres"
+        else f"SQLite {config.database.path}"
     )
-    console.print("views up to date" if not args.follow else "views job stopped")
+    paths = parquet_paths(parquet) if parquet else {}
+    table = Table("table", "rows", "Parquet", title=f"views written to {where}")
+    for name, rows in summary.rows.items():
+        table.add_row(name, f"{rows:,}", paths.get(name, "-"))
+    console.print(table)
+    covered = ""
+    if offset is not None:
+        covered = " (events stream up to " + ", ".join(f"{w} {t}" for w, t in offset.items()) + ")"
+    busiest = (
+        f"; busiest day {summary.busiest_day[0]} with {summary.busiest_day[1]:,} messages"
+        if summary.busiest_day
+        else ""
+    )
+    console.print(
+        f"{summary.rooms:,} rooms, {summary.users:,} users, {summary.messages:,} messages"
+        f"{busiest}{covered}",
+        highlight=False,
+    )
+
+
+def _local_key_map(config: Config) -> dict[str, dict[str, str]]:
+    """The local server's verify key, if its signing key file exists (never created here)."""
+    from roomstream.events.signing import load_or_create_signing_key, signing_key_path
+    from roomstream.rooms.keys import local_key_map
+
+    if not signing_key_path(config.data_dir, config.server_name).exists():
+        return {}
+    return local_key_map(
+        config.server_name, load_or_create_signing_key(config.data_dir, config.server_name)
+    )
+
+
+async def cmd_keys(config: Config, args: argparse.Namespace) -> int:
+    """``keys add SERVER KEY_ID KEY`` / ``keys import FILE`` / ``keys list``: the verify
+    keys received events are checked against."""
+    from roomstream.rooms.keys import ServerKeyStore, load_keys_file
+
+    db = connect(config.database)
+    try:
+        await prepare_database(db)
+        store = ServerKeyStore(db, _local_key_map(config))
+        try:
+            if args.keys_command == "add":
+                added = await store.add(args.server, args.key_id, args.key)
+                state = "added" if added else "already known:"
+                console.print(f"{state} {args.server} {args.key_id}", markup=False)
+            elif args.keys_command == "import":
+                for server, by_id in sorted(load_keys_file(args.file).items()):
+                    for kid, key in sorted(by_id.items()):
+                        added = await store.add(server, kid, key)
+                        state = "added" if added else "already known:"
+                        console.print(f"{state} {server} {kid}", markup=False)
+            else:
+                table = Table("server", "key ID", "verify key", "source")
+                local = store.local
+                for server, by_id in sorted((await store.key_map()).items()):
+                    for kid, key in sorted(by_id.items()):
+                        source = "this server" if kid in local.get(server, {}) else "added"
+                        table.add_row(server, kid, key, source)
+                console.print(table)
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            return 2
+    finally:
+        await db.close()
     return 0
 
 
@@ -118,6 +250,11 @@ async def cmd_import(config: Config, args: argparse.Namespace) -> int:
         master=args.master,
         partitions=args.partitions,
         report_path=args.report,
+        quiet=not args.verbose,
+        keys_files=args.keys or (),
+        local_keys=_local_key_map(config),
+        trust_unsigned=args.trust_unsigned,
+        work_dir=args.work_dir,
     )
 
 
@@ -125,16 +262,23 @@ COMMANDS: dict[str, tuple[Command, str]] = {
     "run": (cmd_run, "set up the database and run this instance until interrupted"),
     "migrate": (cmd_migrate, "apply schema migrations and exit"),
     "streams": (cmd_streams, "show stream writers and positions"),
+    "register": (cmd_register, "create a local user (Matrix account) with a password"),
     "views": (cmd_views, "update the derived room/user views with Spark"),
     "generate": (cmd_generate, "write a generated corpus of signed PDUs (JSON lines)"),
     "import": (cmd_import, "bulk-import a file of PDUs (JSON lines) with Spark"),
+    "keys": (cmd_keys, "add or list the servers' verify keys received events are checked with"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roomstream", description=__doc__)
     parser.add_argument("-c", "--config", help="YAML configuration file (default: none needed)")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logs, and Spark's own logs and stage bars (quiet by default)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
@@ -145,6 +289,18 @@ def build_parser() -> argparse.ArgumentParser:
                 "--demo", action="store_true", help="also send demo events every 2 seconds"
             )
             p.add_argument("--record", help="append processed stream facts to a JSON-lines file")
+            p.add_argument(
+                "--views",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="also run the views streaming job (`roomstream views --follow`) in a"
+                " child process, which keeps /publicRooms and /user_directory/search current"
+                " (default: the run_views_job config key, false; `make run` turns it on)",
+            )
+        if name == "register":
+            p.add_argument("username", help="localpart, e.g. alice for @alice:server_name")
+            p.add_argument("--password", help="(default: asked for on the terminal)")
+            p.add_argument("--admin", action="store_true", help="make a server admin")
         if name == "generate":
             p.add_argument("path")
             p.add_argument("--events", type=int, default=100_000)
@@ -157,6 +313,34 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--master", default="local[2]", help="Spark master URL")
             p.add_argument("--partitions", type=int)
             p.add_argument("--report", help="write every issue as JSON lines here")
+            p.add_argument(
+                "--keys",
+                action="append",
+                metavar="FILE",
+                help="verify keys of the servers that signed the input (JSON; repeatable;"
+                " `roomstream generate` writes PATH.keys.json); added to those of"
+                " `roomstream keys`",
+            )
+            p.add_argument(
+                "--trust-unsigned",
+                action="store_true",
+                help="import events whose signatures cannot be verified (only for input"
+                " whose origin you vouch for)",
+            )
+            p.add_argument(
+                "--work-dir",
+                help="scratch directory for the part databases (default: the system's"
+                " temporary directory; needs about 5x the input's size, checked first)",
+            )
+        if name == "keys":
+            keys_sub = p.add_subparsers(dest="keys_command", required=True)
+            add = keys_sub.add_parser("add", help="trust a server's verify key")
+            add.add_argument("server", help="server name, e.g. example.org")
+            add.add_argument("key_id", help="key ID, e.g. ed25519:a_AbCd")
+            add.add_argument("key", help="the verify key, base64")
+            imp = keys_sub.add_parser("import", help="trust every key in a keys file")
+            imp.add_argument("file", help="JSON: {server: {key ID: base64 key}}")
+            keys_sub.add_parser("list", help="show the keys events are checked with")
         if name == "views":
             p.add_argument("--master", default="local[2]", help="Spark master URL")
             p.add_argument("--rebuild", action="store_true", help="rebuild from scratch (batch)")
@@ -174,12 +358,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = load_config(args.config)
-    except ConfigError as exc:
-        console.print(f"[red]configuration error:[/red] {exc}")
-        return 2
-    command, _ = COMMANDS[args.command]
-    try:
+        command, _ = COMMANDS[args.command]
         return asyncio.run(command(config, args))
+    except ConfigError as exc:
+        # Also raised at start-up, for a configured port already in use.
+        for problem in exc.problems:
+            print(f"configuration error: {problem}", file=sys.stderr)
+        return 2
+    except DatabaseUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -17,6 +17,10 @@ Example (every key optional)::
       transport: tcp               # or redis
       shared_secret: null          # required when a listener binds beyond loopback
     redis: {host: 127.0.0.1, port: 6379}
+    enable_registration: true      # open POST /_matrix/client/v3/register (false: closed;
+                                   # `roomstream register` still creates users)
+    run_views_job: false           # `roomstream run` also runs the views streaming job
+                                   # (the directory endpoints' data); `make run` does
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import ipaddress
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -36,7 +41,11 @@ DEFAULT_CONFIG_PATHS = ("roomstream.yaml", "config/roomstream.yaml")
 
 
 class ConfigError(ValueError):
-    """The configuration is invalid; the message says which key and why."""
+    """The configuration is invalid: one line per mistake, each naming its key and why."""
+
+    def __init__(self, problems: str | list[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class ReplicationConfig:
     ping_timeout: float = 15.0
     #: Lines queued for one connection before it is dropped for congestion.
     max_outbound_lines: int = 10_000
+    #: Bytes queued in the process for one TCP connection before it is dropped.
+    max_outbound_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,10 @@ class Config:
     instances: dict[str, InstanceConfig] = field(default_factory=dict)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
+    enable_registration: bool = True
+    #: `roomstream run` also runs the views streaming job (one process of a deployment
+    #: should: they share the view tables); `--views` / `--no-views` override it.
+    run_views_job: bool = False
 
     def writers_of(self, stream_name: str) -> tuple[str, ...]:
         """The configured writers of a stream; the main instance if none are named."""
@@ -85,16 +100,93 @@ class Config:
         return replace(self, instance_name=instance_name)
 
 
-def _section(cls: type, raw: Any, where: str) -> Any:
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """Why ``value`` does not fit the annotation ``hint`` (None if it does)."""
+    if hint is Any:
+        return None
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Literal:
+        return None if value in args else "must be one of " + ", ".join(map(repr, args))
+    if origin in (Union, UnionType):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        origin = get_origin(hint)
+    if origin is dict:
+        return None if isinstance(value, dict) else "must be a mapping"
+    if hint is bool:
+        return None if isinstance(value, bool) else "must be true or false"
+    if hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"must be an integer, not {value!r}"
+    if hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if ok else f"must be a number, not {value!r}"
+    if hint is str:
+        return None if isinstance(value, str) else f"must be a string, not {value!r}"
+    return None
+
+
+def _section(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
+    """Build the dataclass ``cls`` from ``raw``, type-checking every key; a key in error
+    is reported in ``problems`` and left at its default."""
     if raw is None:
         return cls()
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where} must be a mapping")
+        problems.append(f"{where} must be a mapping")
+        return cls()
+    hints = get_type_hints(cls)
     known = {f.name for f in fields(cls)}
     unknown = set(raw) - known
     if unknown:
-        raise ConfigError(f"unknown keys in {where}: {', '.join(sorted(unknown))}")
-    return cls(**raw)
+        problems.append(f"unknown keys in {where}: {', '.join(sorted(map(str, unknown)))}")
+    good: dict[str, Any] = {}
+    for key in known & set(raw):
+        value = raw[key]
+        problem = _type_problem(value, hints[key])
+        if problem is None:
+            problem = _range_problem(key, value)
+        if problem is None:
+            good[key] = value
+        else:
+            problems.append(f"{where}.{key} {problem}")
+    return cls(**good)
+
+
+#: Numeric keys that must be above zero.
+_POSITIVE = frozenset({"pool_min", "pool_max", "ping_timeout", "max_outbound_lines"})
+
+
+def _range_problem(key: str, value: Any) -> str | None:
+    """Why a well-typed ``value`` is out of range for ``key`` (None if it is not)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if key.endswith("port") and not 1 <= value <= 65535:
+        return f"must be a port number in 1..65535, not {value}"
+    if key in _POSITIVE and value <= 0:
+        return f"must be positive, not {value}"
+    return None
+
+
+def _path_problem(path: str, *, directory: bool) -> str | None:
+    """Why ``path`` cannot be used as a directory (or a file) roomstream creates if missing."""
+    target = Path(path)
+    if target.exists():
+        if directory and not target.is_dir():
+            return f"{path} exists and is not a directory"
+        if not directory and target.is_dir():
+            return f"{path} is a directory, not a file"
+        return None
+    parent = target.parent if not directory else target
+    while not parent.exists():
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{path} cannot be created: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{path} cannot be created: {parent} is not writable"
+    return None
 
 
 def is_loopback(host: str) -> bool:
@@ -107,39 +199,53 @@ def is_loopback(host: str) -> bool:
 
 
 def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Config:
+    """Check and build the configuration; every mistake is one line of the ConfigError."""
     raw = dict(raw or {})
+    problems: list[str] = []
     known = {f.name for f in fields(Config)}
     unknown = set(raw) - known
     if unknown:
-        raise ConfigError(f"unknown top-level keys: {', '.join(sorted(unknown))}")
-    data_dir = str(raw.get("data_dir", "data"))
+        problems.append(f"unknown top-level keys: {', '.join(sorted(map(str, unknown)))}")
+    for key in ("server_name", "instance_name", "data_dir"):
+        if key in raw and not isinstance(raw[key], str):
+            problems.append(f"{key} must be a string, not {raw[key]!r}")
+    data_dir = raw.get("data_dir", "data")
+    data_dir = data_dir if isinstance(data_dir, str) else "data"
     if base_dir is not None and not os.path.isabs(data_dir):
         data_dir = str(base_dir / data_dir)
-    database_raw = dict(raw.get("database") or {})
-    database_raw.setdefault("path", os.path.join(data_dir, "roomstream.db"))
-    database = _section(DatabaseConfig, database_raw, "database")
-    if database.engine not in ("sqlite", "postgres"):
-        raise ConfigError("database.engine must be 'sqlite' or 'postgres'")
-    writers: dict[str, tuple[str, ...]] = {}
-    for stream, names in (raw.get("stream_writers") or {}).items():
-        if stream not in STREAMS:
-            raise ConfigError(f"stream_writers names an unknown stream {stream!r}")
-        if isinstance(names, str):
-            names = [names]
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            raise ConfigError(f"stream_writers.{stream} must be a non-empty list of names")
-        writers[stream] = tuple(names)
-    instances = {
-        str(name): _section(InstanceConfig, spec, f"instances.{name}")
-        for name, spec in (raw.get("instances") or {}).items()
-    }
+    database_raw = raw.get("database") or {}
+    if isinstance(database_raw, dict):
+        database_raw = dict(database_raw)
+        database_raw.setdefault("path", os.path.join(data_dir, "roomstream.db"))
+    database = _section(DatabaseConfig, database_raw, "database", problems)
+    if database.pool_min > database.pool_max:
+        problems.append(
+            f"database.pool_min ({database.pool_min}) exceeds database.pool_max"
+            f" ({database.pool_max})"
+        )
+    writers = _stream_writers(raw.get("stream_writers"), problems)
+    instances_raw = raw.get("instances")
+    instances: dict[str, InstanceConfig] = {}
+    if instances_raw is not None and not isinstance(instances_raw, dict):
+        problems.append("instances must be a mapping of instance name to its listeners")
+    for name, spec in (instances_raw or {}).items() if isinstance(instances_raw, dict) else ():
+        instances[str(name)] = _section(InstanceConfig, spec, f"instances.{name}", problems)
     if "instances" not in raw:
         # One process, no file: main listens on loopback so `nc 127.0.0.1 9092` works.
         instances = {"main": InstanceConfig(replication_port=9092, http_port=8008)}
-    replication = _section(ReplicationConfig, raw.get("replication"), "replication")
-    if replication.transport not in ("tcp", "redis"):
-        raise ConfigError("replication.transport must be 'tcp' or 'redis'")
+    replication = _section(ReplicationConfig, raw.get("replication"), "replication", problems)
+    redis = _section(RedisConfig, raw.get("redis"), "redis", problems)
+    enable_registration = raw.get("enable_registration", True)
+    if not isinstance(enable_registration, bool):
+        problems.append(f"enable_registration must be true or false, not {enable_registration!r}")
+        enable_registration = True
+    run_views_job = raw.get("run_views_job", False)
+    if not isinstance(run_views_job, bool):
+        problems.append(f"run_views_job must be true or false, not {run_views_job!r}")
+        run_views_job = False
     config = Config(
+        enable_registration=enable_registration,
+        run_views_job=run_views_job,
         server_name=str(raw.get("server_name", "localhost")),
         instance_name=str(raw.get("instance_name", "main")),
         data_dir=data_dir,
@@ -147,15 +253,74 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         stream_writers=writers,
         instances=instances,
         replication=replication,
-        redis=_section(RedisConfig, raw.get("redis"), "redis"),
+        redis=redis,
     )
+    data_dir_problem = _path_problem(data_dir, directory=True)
+    if data_dir_problem and isinstance(raw.get("data_dir", "data"), str):
+        problems.append(f"data_dir: {data_dir_problem}")
+    path_given = isinstance(raw.get("database"), dict) and "path" in raw["database"]
+    # A path derived from a bad data_dir is the same mistake: report it once.
+    if (
+        database.engine == "sqlite"
+        and database.path != ":memory:"
+        and (path_given or not data_dir_problem)
+    ):
+        problem = _path_problem(database.path, directory=False)
+        if problem:
+            problems.append(f"database.path: {problem}")
+    for stream, names in writers.items():
+        for name in names:
+            if name not in instances:
+                problems.append(
+                    f"stream_writers.{stream} names {name!r}, which is not among instances"
+                    f" ({', '.join(sorted(instances)) or 'none'})"
+                )
+    problems.extend(_listener_problems(instances, replication))
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def _stream_writers(raw: Any, problems: list[str]) -> dict[str, tuple[str, ...]]:
+    writers: dict[str, tuple[str, ...]] = {}
+    if raw is None:
+        return writers
+    if not isinstance(raw, dict):
+        problems.append("stream_writers must be a mapping of stream name to instance names")
+        return writers
+    for stream, names in raw.items():
+        if stream not in STREAMS:
+            problems.append(f"stream_writers names an unknown stream {stream!r}")
+            continue
+        if isinstance(names, str):
+            names = [names]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            problems.append(f"stream_writers.{stream} must be a non-empty list of names")
+            continue
+        writers[stream] = tuple(names)
+    return writers
+
+
+def _listener_problems(
+    instances: dict[str, InstanceConfig], replication: ReplicationConfig
+) -> list[str]:
+    problems = []
+    taken: dict[tuple[str, int], str] = {}
     for name, instance in instances.items():
         if not is_loopback(instance.host) and not replication.shared_secret:
-            raise ConfigError(
+            problems.append(
                 f"instances.{name}.host is {instance.host}, beyond loopback: "
                 "set replication.shared_secret to protect internal endpoints"
             )
-    return config
+        for key in ("replication_port", "http_port"):
+            port = getattr(instance, key)
+            if port is None:
+                continue
+            here = f"instances.{name}.{key}"
+            other = taken.setdefault((instance.host, port), here)
+            if other != here:
+                problems.append(f"{here}: port {port} on {instance.host} is also {other}")
+    return problems
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:

@@ -8,12 +8,14 @@ each with its own ed25519 key. The histories have:
 - many rooms whose sizes follow a heavy-tailed (Pareto) distribution, capped;
 - room versions 10, 11 and 12 mixed;
 - membership churn (joins, leaves, invites, kicks, bans, unbans), power level changes,
-  topic and name changes, redactions and messages;
+  topic and name changes, redactions (some messages redacted twice) and messages;
 - concurrent branches: a *fork* is two or three branches that share the same prev event,
   merged later by one event listing every branch tip in ``prev_events``;
 - events the auth rules must reject (non-members speaking, unprivileged state changes and
   kicks, banned users speaking, non-state auth events); these are leaves: nothing lists a
   rejected event as a prev event;
+- events a receiving server soft-fails: a member banned on one branch of a fork speaks on
+  the other, deeper than the ban (``intended_soft_failures``);
 - optionally, malformed lines (bad JSON, missing fields, content hash mismatches).
 
 Invariants:
@@ -94,6 +96,9 @@ class CorpusSpec:
     #: Per step of a room's history: chance of a fork, and of an intended rejection.
     fork_rate: float = 0.03
     reject_rate: float = 0.02
+    #: Share of forks where one branch bans a member and the other carries a message of
+    #: that member, deeper than the ban: the receiving server soft-fails the message.
+    soft_fail_rate: float = 0.25
     #: Share of rooms whose join rule is ``invite`` (joins need an invite first).
     invite_only_rate: float = 0.3
     #: Extra malformed lines mixed into the file.
@@ -117,6 +122,8 @@ class RoomSummary:
     forks: int = 0
     #: Event IDs the auth rules must reject.
     rejected: list[str] = field(default_factory=list)
+    #: Event IDs a server receiving the room in order must soft-fail.
+    soft_failed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -133,6 +140,7 @@ class CorpusStats:
     forks: int
     intended_rejections: list[str]
     malformed_lines: list[int]
+    intended_soft_failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -232,6 +240,8 @@ class _RoomBuilder:
         self.model = _Model({}, [], 0)
         self.summary = RoomSummary(index, "", version.identifier, 0)
         self.messages: list[Event] = []
+        #: Messages redacted so far: some are redacted again (the first redaction counts).
+        self.redacted: list[Event] = []
         self.user_count = spec.servers * spec.users_per_server
         self.creator = _user(spec, self.rng.randrange(self.user_count))
 
@@ -373,6 +383,7 @@ class _RoomBuilder:
         self.summary.room_id = self.room_id
         self.summary.events = len(self.lines)
         self.summary.rejected = [r for r in self.summary.rejected if r in kept]
+        self.summary.soft_failed = [e for e in self.summary.soft_failed if e in kept]
         return self.lines, self.summary
 
     def _create(self) -> None:
@@ -521,7 +532,11 @@ class _RoomBuilder:
     def _redaction(self) -> None:
         if not self.messages:
             return self._message()
-        target = self.rng.choice(self.messages[-200:])
+        if self.redacted and self.rng.random() < 0.4:
+            target = self.rng.choice(self.redacted[-50:])
+        else:
+            target = self.rng.choice(self.messages[-200:])
+            self.redacted.append(target)
         mods = self._moderators(self.model)
         joined = self.model.joined()
         if target.sender in joined and self.rng.random() < 0.5:
@@ -574,6 +589,8 @@ class _RoomBuilder:
         if len(self.lines) + 4 > self.size:
             return self._message()
         self.summary.forks += 1
+        if self.rng.random() < self.spec.soft_fail_rate and self._soft_fail_fork(base):
+            return
         branches: list[_Model] = []
         for _ in range(self.rng.choice((2, 2, 2, 3))):
             branch = base.copy()
@@ -589,7 +606,36 @@ class _RoomBuilder:
                 else:
                     self._message(branch)
             branches.append(branch)
-        # Resolution of these branches: each key takes its latest (origin_server_ts) event.
+        self._merge(base, branches)
+
+    def _soft_fail_fork(self, base: _Model) -> bool:
+        """Two branches: a moderator bans a member on one; on the other, after one to
+        three messages of others, the member speaks. Persisted in order (the ban is
+        shallower), the member's message passes the auth rules at its own state but not
+        the room's current state: it is soft-failed. False if the room has no candidates.
+        """
+        mods = self._moderators(base)
+        plain = [u for u in self._plain_members(base) if u != self.creator]
+        if not mods or not plain or len(self.lines) + 7 > self.size:
+            return False
+        user = self.rng.choice(plain)
+        mod = self.rng.choice(mods)
+        banning = base.copy()
+        self._send(banning, "m.room.member", mod, {"membership": "ban"}, state_key=user)
+        speaking = base.copy()
+        others = [u for u in base.joined() if u != user]
+        for _ in range(self.rng.randint(1, 3)):
+            event = self._send(speaking, "m.room.message", self.rng.choice(others), self._body())
+            self.messages.append(event)
+        late = self._send(speaking, "m.room.message", user, self._body())
+        self.summary.soft_failed.append(late.event_id)
+        self._merge(base, [banning, speaking])
+        return True
+
+    def _merge(self, base: _Model, branches: list[_Model]) -> None:
+        """Merge ``branches`` with one message listing every branch tip."""
+        # Resolution of these branches: each key takes its latest (origin_server_ts) event
+        # (a ban, the only power event a fork holds, is the latest change of its key too).
         merged = base.copy()
         keys = {k for b in branches for k in b.state}
         for key in sorted(keys):
@@ -737,6 +783,7 @@ def generate_corpus(
         forks=sum(s.forks for s in summaries),
         intended_rejections=[r for s in summaries for r in s.rejected],
         malformed_lines=malformed_positions,
+        intended_soft_failures=[e for s in summaries for e in s.soft_failed],
         seconds=time.perf_counter() - started,
     )
     meta = out.with_name(out.name + ".meta.json")
@@ -793,5 +840,10 @@ def generate_cli(
         f"{stats.forks:,} forks, {len(stats.intended_rejections):,} events the auth rules "
         f"reject, {len(stats.malformed_lines)} malformed lines; versions {stats.versions}; "
         f"{stats.seconds:.1f} s ({stats.events / max(stats.seconds, 1e-9):,.0f} events/s)"
+    )
+    console.print(
+        f"the servers' verify keys are in {stats.path}.keys.json: import with"
+        f" `roomstream import {stats.path} --keys {stats.path}.keys.json`",
+        markup=False,
     )
     return 0

@@ -418,3 +418,17 @@ json_tokens = st.sampled_from(
 @given(st.lists(json_tokens, max_size=40))
 def test_fuzz_token_soup(tokens: list[bytes]) -> None:
     check_parses_or_bad_event(b"".join(tokens), ROOM_V12)
+
+
+@pytest.mark.parametrize("version", [ROOM_V10, ROOM_V11, ROOM_V12])
+def test_a_received_event_id_key_is_refused(version: RoomVersion) -> None:
+    """A top-level ``event_id`` is never taken as the event's ID: the PDU is refused
+    (Synapse answers M_BAD_JSON too), signed and hashed as it may be."""
+    forged = "$forged_event_id_that_clients_would_see"
+    data = dict(message(version), event_id=forged)
+    event = add_content_hash(data)
+    sign_event(event, SERVER, KEY, room_version=version)
+    with pytest.raises(BadEventError) as e:
+        parse_pdu(orjson.dumps(event), version)
+    assert e.value.errcode == Codes.BAD_JSON
+    assert "event_id" in e.value.message

@@ -13,12 +13,17 @@ from signedjson.key import decode_signing_key_base64, generate_signing_key
 from signedjson.sign import sign_json
 from unpaddedbase64 import decode_base64
 
+from roomstream.events.format import build_event_dict, finalise_local_event
 from roomstream.events.hashing import add_content_hash, reference_hash_preimage
+from roomstream.events.model import Event
 from roomstream.events.room_versions import ROOM_V10, ROOM_V11, ROOM_V12
 from roomstream.events.signing import (
+    EventSignatureError,
+    check_event_signatures,
     get_verify_key,
     key_id,
     load_or_create_signing_key,
+    required_signers,
     sign_event,
     signing_key_path,
     verify_event_signature,
@@ -157,3 +162,76 @@ def test_race_loser_uses_winners_key(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_unusable_server_names(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError):
         signing_key_path(tmp_path, name)
+
+
+def _member(content: dict[str, Any], sender: str = "@joiner:joining.test") -> Event:
+    data = build_event_dict(
+        ROOM_V12,
+        event_type="m.room.member",
+        sender=sender,
+        content=content,
+        prev_events=["$prev"],
+        auth_events=["$auth"],
+        depth=5,
+        room_id="!" + "R" * 43,
+        state_key=sender,
+        origin_server_ts=1,
+    )
+    return finalise_local_event(data, ROOM_V12, "joining.test", JOINING)
+
+
+JOINING = decode_signing_key_base64("ed25519", "j", SEED)
+RESIDENT = decode_signing_key_base64("ed25519", "r", "D" * 43)
+KEYS = {
+    "joining.test": {key_id(JOINING): get_verify_key(JOINING)},
+    "resident.test": {key_id(RESIDENT): get_verify_key(RESIDENT)},
+}
+
+
+def test_required_signers_follow_the_spec() -> None:
+    plain = {"type": "m.room.message", "sender": "@a:one.test", "content": {}}
+    assert required_signers(plain) == {"one.test"}
+    restricted = {
+        "type": "m.room.member",
+        "sender": "@a:one.test",
+        "content": {"membership": "join", "join_authorised_via_users_server": "@r:two.test"},
+    }
+    assert required_signers(restricted) == {"one.test", "two.test"}
+    # Only joins carry an authorising server's signature.
+    leave = {**restricted, "content": {**restricted["content"], "membership": "leave"}}
+    assert required_signers(leave) == {"one.test"}
+    # An invite made from a third-party invite is exempt from the sender's signature.
+    third_party = {
+        "type": "m.room.member",
+        "sender": "@a:one.test",
+        "content": {"membership": "invite", "third_party_invite": {"signed": {}}},
+    }
+    assert required_signers(third_party) == set()
+
+
+def test_restricted_join_needs_the_authorising_servers_signature() -> None:
+    join = _member({"membership": "join", "join_authorised_via_users_server": "@r:resident.test"})
+    # Signed by the joining server only: the resident (authorising) server is missing.
+    with pytest.raises(EventSignatureError, match=r"not signed by resident\.test"):
+        check_event_signatures(join, KEYS)
+    data = sign_event(dict(join.data), "resident.test", RESIDENT, room_version=ROOM_V12)
+    both = Event(data, ROOM_V12, join.event_id, b"")
+    check_event_signatures(both, KEYS)
+    # ... and the joining server's own signature is still required.
+    only_resident = Event(
+        {**data, "signatures": {"resident.test": data["signatures"]["resident.test"]}},
+        ROOM_V12,
+        join.event_id,
+        b"",
+    )
+    with pytest.raises(EventSignatureError, match=r"not signed by joining\.test"):
+        check_event_signatures(only_resident, KEYS)
+    # A signature under a known key ID that does not verify names the key.
+    broken = Event(
+        {**data, "signatures": {**data["signatures"], "joining.test": {"ed25519:j": "A" * 86}}},
+        ROOM_V12,
+        join.event_id,
+        b"",
+    )
+    with pytest.raises(EventSignatureError, match=r"ed25519:j\) does not verify"):
+        check_event_signatures(broken, KEYS)

@@ -28,8 +28,10 @@ from tests.pipelines.job import CRASH_EXIT
 from tests.pipelines.scenario import Scenario
 from tests.pipelines.test_views import contents_txn
 
-# Each test starts JVMs of its own (a driver; a master and a worker): slow on a busy machine.
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+# Each test starts JVMs of its own (a driver; a master and a worker): slow on a busy machine,
+# so the bounds are hang backstops only (a job took minutes at load 30 on 2 cores).
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
+JOB_TIMEOUT = 800
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -43,7 +45,12 @@ def run_job(
     else:
         args += ["--dsn", config.dsn] + (["--schema", config.schema] if config.schema else [])
     return subprocess.run(
-        [*args, *extra], cwd=ROOT, capture_output=True, text=True, timeout=280, env=dict(os.environ)
+        [*args, *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT,
+        env=dict(os.environ),
     )
 
 
@@ -88,7 +95,7 @@ async def test_views_job_on_a_standalone_cluster(spark: SparkSession, tmp_path: 
         contents = await database.run_interaction(contents_txn)
     finally:
         await database.close()
-    with standalone_cluster(tmp_path / "cluster", cores=2, memory="1g") as master:
+    with standalone_cluster(tmp_path / "cluster", cores=2, memory="1g", timeout=600) as master:
         report = sink_report(run_job(config, "views", tmp_path / "ckpt", "--master", master))
     assert report["applied"]
     rebuilt = rebuild_views(spark, config, lookup=MappingContentLookup(contents), write=False)

@@ -27,6 +27,7 @@ from roomstream.replication.commands import (
     RdataCommand,
     RemoteServerUpCommand,
     ReplicateCommand,
+    ReplicateStreamCommand,
     ServerCommand,
     Side,
     UserIpCommand,
@@ -167,6 +168,29 @@ def test_floats_serialize_like_stdlib() -> None:
     assert parsed.row == row
 
 
+def test_integers_beyond_64_bits_decode_exactly() -> None:
+    # orjson would give 1.8446744073709552e+19; Synapse's decoder keeps the int.
+    row = [2**64, -(2**63) - 1, 10**30, {"k": [2**100]}, 1.5, "12345678901234567890"]
+    for line in (
+        serialize(RdataCommand("caches", "master", 7, row)),
+        b"RDATA caches master 7 " + json.dumps(row, separators=(",", ":")).encode(),
+    ):
+        parsed = parse_line(line)
+        assert isinstance(parsed, RdataCommand)
+        assert parsed.row == row
+        assert type(parsed.row[0]) is int and type(parsed.row[3]["k"][0]) is int
+    ip = parse_line(b'USER_IP @u:hs ["tok","1.2.3.4","ua",null,18446744073709551616]')
+    assert isinstance(ip, UserIpCommand) and ip.last_seen == 2**64
+
+
+def test_legacy_replicate_parses_with_a_stream_and_token() -> None:
+    assert parse_line(b"REPLICATE events 53") == ReplicateStreamCommand("events", 53)
+    assert parse_line(b"REPLICATE ALL NOW\r\n") == ReplicateStreamCommand("ALL", None)
+    assert serialize(ReplicateStreamCommand("caches", 0)) == b"REPLICATE caches 0\n"
+    assert serialize(ReplicateStreamCommand("ALL", None)) == b"REPLICATE ALL NOW\n"
+    assert parse_line(b"REPLICATE ") == ReplicateCommand()  # the current form is unchanged
+
+
 def test_negative_tokens_parse() -> None:
     assert parse_line(b"POSITION backfill master -5 -3") == PositionCommand(
         "backfill", "master", -5, -3
@@ -294,7 +318,9 @@ BAD: list[tuple[bytes, str]] = [
     (b"RDATA events master 123456789012345678901 []", "RDATA token is out of range"),
     (b"SERVER", "SERVER server_name must not be empty"),
     (b"NAME ", "NAME client_name must not be empty"),
-    (b"REPLICATE events 53", "REPLICATE takes no arguments"),
+    (b"REPLICATE events", "REPLICATE takes no arguments, or <stream_name> <token|NOW>"),
+    (b"REPLICATE events 5 6", "REPLICATE takes no arguments, or <stream_name> <token|NOW>"),
+    (b"REPLICATE events later", "REPLICATE token must be an integer"),
     (b"USER_SYNC w @u:hs DEV maybe 1", "USER_SYNC state must be 'start' or 'end'"),
     (b"USER_SYNC w @u:hs DEV start", "USER_SYNC expects 5 arguments"),
     (b"USER_SYNC w @u:hs DEV start x", "USER_SYNC last_sync_ms must be an integer"),

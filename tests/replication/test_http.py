@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import aiohttp
 import pytest
 
 from roomstream.replication.http import PREFIX
-from roomstream.replication.sharding import writer_for_room
+from tests.sharding import room_ids_for_writer, rooms_by_owner
 
 from .test_replication_nodes import (
     ClusterFactory,
@@ -31,9 +33,11 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
     w1 = await cluster.start("w1")
     w2 = await cluster.start("w2")
     alice = f"@alice:{cluster.config.server_name}"
-    rooms = [await w1.http_client.create_room("w1", alice, f"room{i}") for i in range(6)]
-    owners = {room: writer_for_room(room, ["w1", "w2"]) for room in rooms}
-    assert set(owners.values()) == {"w1", "w2"}  # six rooms land on both writers
+    by_owner = await rooms_by_owner(
+        lambda i: w1.http_client.create_room("w1", alice, f"room{i}"), ["w1", "w2"], 3
+    )
+    owners = {room: owner for owner, rooms in by_owner.items() for room in rooms}
+    rooms = list(owners)
     base = {name: w1.http_client.base_url(name) for name in ("w1", "w2")}
     async with aiohttp.ClientSession() as http:
         for room, owner in owners.items():
@@ -121,3 +125,119 @@ async def test_bearer_token_required_when_a_secret_is_configured(
             assert (await r.json())["instance"] == "w1"
     assert (await w1.http_client.health("w1"))["status"] == "ok"  # the client sends it
     assert PREFIX in url
+
+
+async def test_writer_down_unknown_room_and_second_create_are_matrix_errors(
+    cluster_factory: ClusterFactory,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster = await cluster_factory(
+        "tcp",
+        stream_writers={"events": ["w1", "w2"]},
+        instances=tcp_instances("w1", "w2", http=True),
+    )
+    w1 = await cluster.start("w1")  # w2 stays down for now
+    alice = f"@alice:{cluster.config.server_name}"
+    by_owner = await rooms_by_owner(
+        lambda i: w1.http_client.create_room("w1", alice, f"r{i}"), ["w1", "w2"], 1
+    )
+    base = w1.http_client.base_url("w1")
+    message = {"sender": alice, "type": "m.room.message", "content": {"body": "hi"}}
+    caplog.set_level(logging.INFO, logger="roomstream")
+    async with aiohttp.ClientSession() as http:
+
+        async def post(room: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
+            async with http.post(f"{base}/rooms/{room}/send_event", json=body) as r:
+                assert r.content_type == "application/json", await r.text()
+                if r.status == 503:
+                    assert r.headers["Retry-After"] == "1"
+                return r.status, await r.json()
+
+        # The owner (w2) is down: 503 M_UNAVAILABLE with retry_after_ms, every time,
+        # and one log line for the whole outage.
+        for _ in range(10):
+            status, body = await post(by_owner["w2"][0], message)
+            assert (status, body["errcode"], body["retry_after_ms"]) == (503, "M_UNAVAILABLE", 1000)
+        outage = [r for r in caplog.records if "w2 is unreachable" in r.getMessage()]
+        assert len(outage) == 1 and outage[0].levelno == logging.WARNING
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+        await cluster.start("w2")
+        status, body = await post(by_owner["w2"][0], message)
+        assert status == 200, body
+        assert any("w2 is reachable again" in r.getMessage() for r in caplog.records)
+
+        # A room nobody has: 404, whichever writer owns its ID (locally or forwarded).
+        for owner in ("w1", "w2"):
+            [unknown] = room_ids_for_writer(owner, ["w1", "w2"], "nowhere", prefix="unknown")
+            status, body = await post(unknown, message)
+            assert (status, body["errcode"]) == (404, "M_NOT_FOUND"), (owner, body)
+
+        # A second m.room.create into an existing room: 400 with a Matrix code.
+        for room in (by_owner["w1"][0], by_owner["w2"][0]):
+            create = {"sender": alice, "type": "m.room.create", "state_key": "", "content": {}}
+            status, body = await post(room, create)
+            assert (status, body["errcode"]) == (400, "M_INVALID_PARAM"), body
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_forwarded_client_writes_are_validated_and_only_taken_by_their_writer(
+    cluster_factory: ClusterFactory,  # noqa: F811
+) -> None:
+    cluster = await cluster_factory(
+        "tcp",
+        stream_writers={"events": ["w1"], "account_data": ["w1"], "typing": ["w1"]},
+        instances=tcp_instances("w1", "w2", http=True),
+    )
+    w1 = await cluster.start("w1")
+    await cluster.start("w2")
+    alice = f"@alice:{cluster.config.server_name}"
+    base = {name: w1.http_client.base_url(name) + "/client" for name in ("w1", "w2")}
+    good = {"user_id": alice, "type": "org.example.a", "content": {"a": 1}}
+    async with aiohttp.ClientSession() as http:
+
+        async def post(url: str, body: object) -> tuple[int, dict[str, object]]:
+            async with http.post(url, json=body) as r:
+                return r.status, await r.json()
+
+        # Not a writer of the stream: refused, not forwarded again.
+        for route, body in (
+            ("account_data", good),
+            ("typing", {"room_id": "!r", "user_id": alice, "typing": True, "timeout": 1}),
+            ("create_room", {"creator": alice, "request": {}}),
+            ("receipt", {}),  # receipts are written by main, which is not running
+        ):
+            status, answer = await post(f"{base['w2']}/{route}", body)
+            assert (status, answer["errcode"]) == (421, "IO.ROOMSTREAM.WRONG_WRITER"), answer
+        for body, expected in (
+            ({**good, "user_id": None}, (400, "M_MISSING_PARAM")),
+            ({**good, "user_id": "alice"}, (400, "M_INVALID_PARAM")),
+            ({**good, "type": "a\x00"}, (400, "M_INVALID_PARAM")),
+            ({**good, "content": [1]}, (400, "M_BAD_JSON")),
+            ({**good, "room_id": 5}, (400, "M_BAD_JSON")),
+            ([], (400, "M_BAD_JSON")),
+        ):
+            status, answer = await post(f"{base['w1']}/account_data", body)
+            assert (status, answer["errcode"]) == expected, (body, answer)
+        status, answer = await post(f"{base['w1']}/account_data", good)
+        assert (status, answer) == (200, {})
+        rows = await w1.engine.db.run_interaction(
+            lambda txn: txn.query(
+                "SELECT instance_name, content FROM account_data WHERE user_id = ?", (alice,)
+            )
+        )
+        assert rows == [("w1", '{"a":1}')]
+        status, answer = await post(
+            f"{base['w1']}/create_room", {"creator": alice, "request": {"room_version": "10"}}
+        )
+        assert status == 200, answer
+        room_id = str(answer["room_id"])
+        events = w1.http_client.base_url("w1") + f"/rooms/{room_id}/send_event"
+        redaction = {"sender": alice, "type": "m.room.redaction", "content": {}}
+        status, answer = await post(events, {**redaction, "redacts": "not-an-event-id"})
+        assert (status, answer["errcode"]) == (400, "M_INVALID_PARAM")
+        status, answer = await post(events, {**redaction, "redacts": "$gone"})
+        assert status == 200, answer
+        stored = await w1.engine.store.get_event(str(answer["event_id"]))
+        assert stored is not None and stored.data["redacts"] == "$gone"
+        assert "redacts" not in stored.data["content"]

@@ -8,7 +8,7 @@ Tests that make sense on both transports are parametrised over ``tcp`` and ``red
 from __future__ import annotations
 
 import asyncio
-import socket
+import io
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
@@ -24,18 +24,14 @@ from roomstream.replication.worker import ReplicationNode
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig, Transaction
 from roomstream.streams import STREAMS
+from tests.ports import free_port
 
 TRANSPORTS = ("tcp", "redis")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def wait_for(predicate: Callable[[], bool], limit: float = 15.0, what: str = "") -> None:
-    """Poll ``predicate`` until true; fail after ``limit`` seconds (a deadline, not a sleep)."""
+async def wait_for(predicate: Callable[[], bool], limit: float = 60.0, what: str = "") -> None:
+    """Poll ``predicate`` until true; fail after ``limit`` seconds (a deadline, not a sleep:
+    generous, since it only bounds how long a failing test takes on a loaded machine)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit
     while not predicate():
@@ -84,12 +80,31 @@ class Cluster:
 
     async def stop(self, name: str) -> None:
         node = self.nodes.pop(name)
-        await node.stop()
-        await node.engine.close()
+
+        async def stop_node() -> None:
+            await node.stop()
+            await node.engine.close()
+
+        # A stop that hangs fails with the stuck tasks' stacks, instead of an opaque
+        # pytest-timeout much later (asyncio.wait, unlike wait_for, does not cancel it).
+        task = asyncio.ensure_future(stop_node())
+        done, _ = await asyncio.wait({task}, timeout=60)
+        if not done:
+            raise AssertionError(f"stopping {name} hung:\n{task_stacks()}")
+        task.result()
 
     async def close(self) -> None:
         for name in list(self.nodes):
             await self.stop(name)
+
+
+def task_stacks() -> str:
+    """Every pending asyncio task with its stack, for a failure message."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        out.write(f"--- {task!r}\n")
+        task.print_stack(file=out)
+    return out.getvalue()
 
 
 ClusterFactory = Callable[..., Awaitable[Cluster]]

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from roomstream.caches import stream_invalidation_txn
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.tcp import ReplicationClient, ReplicationServer, TcpSettings
 from roomstream.replication.worker import ReplicationNode
@@ -41,6 +42,11 @@ async def writer(
     yield await cluster.start("w1")
 
 
+#: How long a test waits for a line it expects: generous, since it only bounds how long a
+#: failing test takes; a passing one never waits for it.
+WAIT = 30.0
+
+
 class Raw:
     """A hand-driven client socket, like ``nc``."""
 
@@ -64,11 +70,11 @@ class Raw:
         self.writer.write(data)
         await self.writer.drain()
 
-    async def line(self, wait: float = 5.0) -> str:
+    async def line(self, wait: float = WAIT) -> str:
         raw = await asyncio.wait_for(self.reader.readline(), wait)
         return raw.decode().rstrip("\n")
 
-    async def until(self, prefix: str, wait: float = 5.0) -> str:
+    async def until(self, prefix: str, wait: float = WAIT) -> str:
         """Read lines until one starts with ``prefix``; returns it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
@@ -79,12 +85,25 @@ class Raw:
             if not line and self.reader.at_eof():
                 raise AssertionError(f"EOF before {prefix!r}")
 
-    async def eof(self, wait: float = 5.0) -> None:
+    async def eof(self, wait: float = WAIT) -> None:
         """Everything until the server closes the connection."""
         await asyncio.wait_for(self.reader.read(), wait)
 
     def close(self) -> None:
         self.writer.close()
+
+
+async def _read_until_closed(sock: socket.socket) -> tuple[bytes, bool]:
+    """Everything the server sends on ``sock`` until EOF (each read bounded by ``WAIT``),
+    and whether the connection ended with a reset rather than EOF."""
+    loop = asyncio.get_running_loop()
+    data = b""
+    try:
+        while chunk := await asyncio.wait_for(loop.sock_recv(sock, 65536), WAIT):
+            data += chunk
+    except ConnectionResetError:
+        return data, True
+    return data, False
 
 
 async def server_for(writer: ReplicationNode, **settings: object) -> ReplicationServer:
@@ -124,7 +143,7 @@ async def test_ping_arms_the_timeout(writer: ReplicationNode) -> None:
     try:
         raw = await Raw.connect(server.port)
         await raw.send(b"PING 1\n")
-        assert await raw.until("ERROR ", wait=3) == "ERROR ping timeout"
+        assert await raw.until("ERROR ") == "ERROR ping timeout"
         await raw.eof()
         await wait_for(lambda: server.connection_count == 0)
     finally:
@@ -201,7 +220,7 @@ async def test_congested_client_is_dropped_others_keep_up(writer: ReplicationNod
         await loop.sock_connect(slow, ("127.0.0.1", server.port))
         await loop.sock_sendall(slow, b"NAME slow\nREPLICATE\n")
         assert good.positioned is not None
-        await asyncio.wait_for(good.positioned, 5)
+        await asyncio.wait_for(good.positioned, WAIT)
         await write_invalidations(writer, 400, rows_per_fact=2)
         await wait_for(lambda: server.congestion_drops == 1, what="congestion drop")
         await wait_for(
@@ -212,12 +231,7 @@ async def test_congested_client_is_dropped_others_keep_up(writer: ReplicationNod
         assert server.connection_count == 1
         # The slow client gets what was already in flight, then the ERROR (or a reset when
         # the server had to discard its buffer): never the whole stream.
-        data, reset = b"", False
-        try:
-            while chunk := await asyncio.wait_for(loop.sock_recv(slow, 65536), 5):
-                data += chunk
-        except ConnectionResetError:
-            reset = True
+        data, reset = await _read_until_closed(slow)
         slow.close()
         assert reset or data.count(b"\nRDATA ") < 800
         if data.endswith(b"\n") and b"ERROR" in data:
@@ -228,7 +242,10 @@ async def test_congested_client_is_dropped_others_keep_up(writer: ReplicationNod
 
 
 async def test_shared_secret_authentication(writer: ReplicationNode) -> None:
-    server = await server_for(writer, shared_secret="s3cret", timeout=1.0)
+    # The authentication time-out only on a server of its own: a short one there, and
+    # clients that do answer never race it (a stalled machine could make them miss 1 s).
+    server = await server_for(writer, shared_secret="s3cret", timeout=60.0)
+    quick = await server_for(writer, shared_secret="s3cret", timeout=0.2)
     try:
         anonymous = await Raw.connect(server.port)
         await anonymous.send(b"NAME x\n")
@@ -238,13 +255,13 @@ async def test_shared_secret_authentication(writer: ReplicationNode) -> None:
         await wrong.send(b"AUTH guess\n")
         assert await wrong.line() == "ERROR authentication failed"
         await wrong.eof()
-        silent = await Raw.connect(server.port)  # says nothing: dropped after the timeout
-        assert await silent.line(wait=5) == "ERROR authentication timeout"
+        silent = await Raw.connect(quick.port)  # says nothing: dropped after the timeout
+        assert await silent.line() == "ERROR authentication timeout"
         right = await Raw.connect(server.port)
         await right.send(b"AUTH s3cret\nREPLICATE\n")
         assert await right.line() == f"SERVER {writer.config.server_name}"
         await right.until("POSITION caches")
-        assert server.auth_failures == 3
+        assert (server.auth_failures, quick.auth_failures) == (2, 1)
         right.close()
         # The client speaks it too.
         follower = StreamFollower(_NoCallbacks(), ["caches"])
@@ -262,6 +279,7 @@ async def test_shared_secret_authentication(writer: ReplicationNode) -> None:
         await client.stop()
     finally:
         await server.close()
+        await quick.close()
     # A server without a secret ignores a leading AUTH line.
     plain = writer.server
     assert plain is not None
@@ -344,3 +362,44 @@ async def test_client_reconnects_after_server_restart(
     await write_invalidations(writer, 4)
     await wait_for(lambda: client.connections_made > made, what="reconnect")
     await wait_for(caught_up(reader, writer, "caches"))
+
+
+async def test_reader_that_never_reads_costs_bounded_memory(writer: ReplicationNode) -> None:
+    """Long lines, few of them: the line bound alone (10,000) would let ~20 MB queue up in
+    this process; the byte bound drops the reader after about ``bound`` bytes."""
+    bound = 256 * 1024
+    row_bytes = 2_000
+    server = await server_for(writer, max_outbound_bytes=bound, socket_buffer=4096)
+    generator = writer.engine.streams.generator("caches")
+    loop = asyncio.get_running_loop()
+    slow = socket.socket()  # a bare socket that never reads (asyncio streams read ahead)
+    try:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        slow.setblocking(False)
+        await loop.sock_connect(slow, ("127.0.0.1", server.port))
+        await loop.sock_sendall(slow, b"NAME slow\nREPLICATE\n")
+        await wait_for(lambda: server.connection_count == 1, what="connected")
+        written = 0
+        # Up to ~20 MB of rows, one fact at a time; stop as soon as the reader is dropped.
+        while server.congestion_drops == 0 and written < 10_000:
+            async with generator.reserve() as stream_id:
+                await writer.engine.db.run_interaction(
+                    stream_invalidation_txn, stream_id, "w1", "big", ["x" * row_bytes, written], 1
+                )
+            written += 1
+            await asyncio.sleep(0)  # let the sender run (each fact is sent as it commits)
+        await wait_for(lambda: server.congestion_drops == 1, what="congestion drop")
+        assert server.connection_count == 0
+        # What this process held for the reader never went far past the bound: at most
+        # the one page being written when it was crossed (here a page is a few rows).
+        assert server.peak_queued_bytes <= bound + 50 * row_bytes, server.peak_queued_bytes
+        assert written * row_bytes < 4 * bound  # dropped early, not after ~20 MB
+        data, reset = await _read_until_closed(slow)
+        # The connection ended (the ERROR line, when the kernel buffers had room for it,
+        # then EOF or a reset as the discarded buffer is aborted), short of the stream.
+        assert reset or data.count(b"\nRDATA ") < written
+        if b"\nERROR " in data:
+            assert data.endswith(f"ERROR congestion: more than {bound} bytes queued\n".encode())
+    finally:
+        slow.close()
+        await server.close()

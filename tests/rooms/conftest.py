@@ -10,9 +10,10 @@ import pytest
 from signedjson.types import SigningKey
 
 from roomstream.events.format import build_event_dict, finalise_local_event
+from roomstream.events.hashing import encode_base64
 from roomstream.events.model import Event
 from roomstream.events.room_versions import RoomVersion
-from roomstream.events.signing import load_or_create_signing_key
+from roomstream.events.signing import get_verify_key, key_id, load_or_create_signing_key
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database
 from roomstream.streams import StreamSet
@@ -22,15 +23,25 @@ REMOTE = "remote.test"
 
 
 @pytest.fixture
-async def engine(database: Database, tmp_path: Path) -> AsyncIterator[RoomEngine]:
+async def engine(
+    database: Database, tmp_path: Path, remote_key: SigningKey
+) -> AsyncIterator[RoomEngine]:
+    """A room engine that knows the remote server's key (as an operator would add it)."""
     streams = await StreamSet.open(database, "main", {})
     key = load_or_create_signing_key(tmp_path / "keys", SERVER)
-    yield RoomEngine(database, streams, SERVER, "main", key)
+    engine = RoomEngine(database, streams, SERVER, "main", key)
+    await engine.keys.add(REMOTE, key_id(remote_key), verify_key_base64(remote_key))
+    yield engine
 
 
 @pytest.fixture
 def remote_key(tmp_path: Path) -> SigningKey:
     return load_or_create_signing_key(tmp_path / "remote", REMOTE)
+
+
+def verify_key_base64(key: SigningKey) -> str:
+    """The public half of ``key`` as ``roomstream keys add`` takes it."""
+    return encode_base64(get_verify_key(key).encode())
 
 
 def remote_event(

@@ -16,6 +16,7 @@ from roomstream.corpus import CorpusSpec, generate_corpus
 from roomstream.events.model import StateKey
 from roomstream.pipelines.import_task import TaskSettings, key_line, persist_rooms
 from roomstream.rooms import persist
+from roomstream.rooms.keys import load_keys_file
 from roomstream.rooms.persist import GroupRef, PendingGroup, _changed_keys
 from roomstream.rooms.store import state_groups_txn
 from roomstream.state.groups import get_state_txn
@@ -96,7 +97,12 @@ def _persist_corpus(path: Path, db_path: Path) -> dict[str, tuple[dict[Any, str]
         for index, raw in enumerate(f):
             room, row = key_line((raw.rstrip(b"\n"), index))
             rooms[room].append(row)
-    settings = TaskSettings(source=str(path), work_dir=str(db_path.parent), instance_name="main")
+    settings = TaskSettings(
+        source=str(path),
+        work_dir=str(db_path.parent),
+        instance_name="main",
+        verify_keys=load_keys_file(f"{path}.keys.json"),
+    )
     # Small chunks: merges then meet lineage that crosses committed batches.
     settings = TaskSettings(**{**settings.__dict__, "chunk_events": 37})
     asyncio.run(persist_rooms(str(db_path), dict(rooms), settings))

@@ -509,3 +509,122 @@ async def test_concurrent_senders_across_rooms_share_commits(engine: RoomEngine)
         # Stream order within a room follows the DAG.
         depths = [r.event.depth for r in mine]
         assert depths == sorted(depths)
+
+
+async def _bob_in_room(
+    engine: RoomEngine, remote_key: SigningKey, version: str = "11"
+) -> tuple[str, RoomVersion, Event, list[str]]:
+    """A public room Bob has joined: (room, version, his join, auth events for his messages)."""
+    room_id, room_v, join, auth = await _bob_joining(engine, remote_key, version)
+    await engine.persister.persist_events([join])
+    return room_id, room_v, join, auth
+
+
+async def _bob_joining(
+    engine: RoomEngine, remote_key: SigningKey, version: str = "11"
+) -> tuple[str, RoomVersion, Event, list[str]]:
+    """A public room and Bob's join to it, not persisted yet: (room, version, his join, auth
+    events for his messages once he has joined)."""
+    room_id = await _public_room(engine, version)
+    join, room_v, current = await _remote_join(engine, remote_key, room_id)
+    base = [] if room_v.room_id_from_create_event else [current[("m.room.create", "")]]
+    return room_id, room_v, join, [*base, current[("m.room.power_levels", "")], join.event_id]
+
+
+async def _event_rows(engine: RoomEngine, sql: str, *args: object) -> list[tuple[object, ...]]:
+    return await engine.db.run_interaction(lambda t: [tuple(r) for r in t.query(sql, args)])
+
+
+async def test_double_redaction_in_one_batch_keeps_the_first_persisted(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    room_id, version, join, auth = await _bob_in_room(engine, remote_key)
+    message = remote_event(
+        remote_key, version, room_id, BOB, "m.room.message", {"body": "x"}, [join.event_id],
+        auth, depth=11,
+    )  # fmt: skip
+    await engine.persister.persist_events([message])
+
+    def redaction(depth: int, n: int) -> Event:
+        return remote_event(
+            remote_key, version, room_id, BOB, "m.room.redaction",
+            {"reason": str(n), "redacts": message.event_id}, [message.event_id], auth,
+            depth=depth,
+        )  # fmt: skip
+
+    # Two concurrent redactions of the message: the shallower one is persisted first; pick
+    # them so that it has the LARGER event ID (an order by event ID picks the other one).
+    n = 0
+    while True:
+        first, second = redaction(12, n), redaction(13, n)
+        if first.event_id > second.event_id:
+            break
+        n += 1
+    results = await engine.persister.persist_events([second, first])
+    orderings = {r.event_id: r.stream_ordering for r in results}
+    assert orderings[first.event_id] < orderings[second.event_id]
+    meta = await engine.store.get_meta([message.event_id])
+    assert meta[message.event_id].redacted_by == first.event_id
+
+
+async def test_every_current_state_change_of_a_batch_is_a_delta_row(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    room_id, version, join, auth = await _bob_joining(engine, remote_key)
+    leave = remote_event(
+        remote_key, version, room_id, BOB, "m.room.member", {"membership": "leave"},
+        [join.event_id], auth, depth=11, state_key=BOB,
+    )  # fmt: skip
+    results = await engine.persister.persist_events([leave, join])
+    orderings = {r.event_id: r.stream_ordering for r in results}
+    rows = await _event_rows(
+        engine,
+        "SELECT stream_id, event_id, prev_event_id FROM current_state_delta_stream"
+        " WHERE room_id = ? AND type = 'm.room.member' AND state_key = ? ORDER BY stream_id",
+        room_id,
+        BOB,
+    )
+    # The join and then the leave, each at its own event's stream ordering.
+    assert rows == [
+        (orderings[join.event_id], join.event_id, None),
+        (orderings[leave.event_id], leave.event_id, join.event_id),
+    ]
+    assert (await engine.store.get_current_state(room_id))[("m.room.member", BOB)] == (
+        leave.event_id
+    )
+
+
+async def test_outlier_gets_state_when_its_prev_event_arrives(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    room_id, version, join, auth = await _bob_joining(engine, remote_key)
+    topic = remote_event(
+        remote_key, version, room_id, BOB, "m.room.message", {"body": "hi"},
+        [join.event_id], auth, depth=11,
+    )  # fmt: skip
+    later = remote_event(
+        remote_key, version, room_id, BOB, "m.room.message", {"body": "again"},
+        [topic.event_id], auth, depth=12,
+    )  # fmt: skip
+    # The messages arrive first: outliers (and, their auth event unknown, rejected).
+    first = await engine.persister.persist_events([later, topic])
+    assert all(r.outlier and r.rejected_reason for r in first)
+    before = {r.event_id: r.stream_ordering for r in first}
+    (joined,) = await engine.persister.persist_events([join])
+    assert joined.new and not joined.outlier
+    # Both are decided again, with state, as if received after the join.
+    meta = await engine.store.get_meta([topic.event_id, later.event_id])
+    for event_id in (topic.event_id, later.event_id):
+        assert not meta[event_id].outlier and meta[event_id].rejected_reason is None
+        assert meta[event_id].stream_ordering > before[event_id]
+        assert (await engine.store.get_state_at(event_id))[("m.room.member", BOB)] == (
+            join.event_id
+        )
+    assert meta[topic.event_id].stream_ordering > joined.stream_ordering
+    assert await engine.store.get_forward_extremities(room_id) == [later.event_id]
+    assert (await engine.store.get_current_state(room_id))[("m.room.member", BOB)] == (
+        join.event_id
+    )
+    # Persisting them again changes nothing.
+    again = await engine.persister.persist_events([topic, later])
+    assert not any(r.new or r.outlier for r in again)

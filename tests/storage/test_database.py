@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
+from pathlib import Path
 
 import pytest
 
 from roomstream.storage import Database, Transaction, connect, prepare_database
-from roomstream.storage.engines import DatabaseConfig
+from roomstream.storage.engines import DatabaseConfig, _switch_to_wal
 from roomstream.storage.migrations import load_migrations, split_statements
 
 
@@ -112,7 +114,7 @@ async def test_advance_sequence_never_moves_back(database: Database) -> None:
 
 
 async def test_migrations_are_idempotent_and_versioned(db_config: DatabaseConfig) -> None:
-    newest = len(load_migrations())
+    newest = load_migrations()[-1].version
     for _ in range(2):
         db = connect(db_config)
         try:
@@ -120,20 +122,20 @@ async def test_migrations_are_idempotent_and_versioned(db_config: DatabaseConfig
             rows = await db.run_interaction(
                 lambda t: t.query("SELECT version FROM schema_version ORDER BY version")
             )
-            assert [r[0] for r in rows] == list(range(1, newest + 1))
+            assert [r[0] for r in rows] == [m.version for m in load_migrations()]
         finally:
             await db.close()
 
 
 async def test_every_migration_applies_on_its_own(db_config: DatabaseConfig) -> None:
     """Apply migrations one by one, checking each version is recorded in its transaction."""
-    from roomstream.storage.migrations import _apply, _current_version
+    from roomstream.storage.migrations import _applied_versions, _apply
 
     db = connect(db_config)
     try:
         for migration in load_migrations():
             await db.run_interaction(_apply, migration)
-            assert await db.run_interaction(_current_version) == migration.version
+            assert max(await db.run_interaction(_applied_versions)) == migration.version
     finally:
         await db.close()
 
@@ -150,7 +152,9 @@ async def test_sqlite_work_does_not_block_the_event_loop(tmp_path: object) -> No
     ticks = 0
 
     def slow(txn: Transaction) -> None:
-        release.wait(10)
+        # Only the loop's other task can release it: a blocked loop fails here (after a
+        # deadline generous enough for a loaded machine) instead of passing slowly.
+        assert release.wait(60), "the event loop was blocked"
 
     async def ticker() -> None:
         nonlocal ticks
@@ -215,3 +219,82 @@ async def test_insert_many_refuses_odd_identifiers(database: Database) -> None:
         await database.run_interaction(
             lambda t: t.insert_many("kv; DROP TABLE x", ("k",), [("a",)])
         )
+
+
+def test_sqlite_connection_that_fails_to_open_releases_its_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several processes starting on one fresh file race to switch it to WAL; a failed open
+    must release the engine's lock, or ``close`` (and every later interaction) waits forever
+    (seen as a hung ``roomstream migrate`` among six started together)."""
+    import sqlite3
+
+    from roomstream.storage.engines import SqliteEngine
+
+    engine = SqliteEngine(DatabaseConfig(engine="sqlite", path=str(tmp_path / "x.db")))
+    real_open = engine._open
+    failures = iter([sqlite3.OperationalError("database is locked")])
+
+    def flaky_open() -> sqlite3.Connection:
+        for exc in failures:
+            raise exc
+        return real_open()
+
+    monkeypatch.setattr(engine, "_open", flaky_open)
+    with pytest.raises(sqlite3.OperationalError):
+        engine.acquire()
+    conn = engine.acquire()  # the lock was released: this neither hangs nor fails
+    engine.release(conn)
+    closer = threading.Thread(target=engine.close)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive()
+
+
+class _LockedOnce:
+    """A real connection whose first statement meets a real lock held by ``blocker``;
+    the blocker lets go as soon as that first attempt has failed."""
+
+    def __init__(self, conn: sqlite3.Connection, blocker: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.blocker: sqlite3.Connection | None = blocker
+        self.attempts = 0
+
+    def execute(self, sql: str) -> sqlite3.Cursor:
+        self.attempts += 1
+        try:
+            return self.conn.execute(sql)
+        finally:
+            if self.blocker is not None:
+                self.blocker.execute("ROLLBACK")
+                self.blocker.close()
+                self.blocker = None
+
+
+def test_wal_switch_retries_a_lock_the_busy_handler_does_not_cover(tmp_path: Path) -> None:
+    """SQLite answers SQLITE_BUSY at once, past the busy timeout, when waiting could
+    deadlock; processes opening one fresh file together meet that (CI saw it)."""
+    path = str(tmp_path / "fresh.db")
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout=0")
+    locked_once = _LockedOnce(conn, blocker)
+
+    _switch_to_wal(locked_once, deadline_s=5.0)  # type: ignore[arg-type]
+
+    assert locked_once.attempts == 2
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_wal_switch_gives_up_at_its_deadline(tmp_path: Path) -> None:
+    path = str(tmp_path / "held.db")
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA busy_timeout=0")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            _switch_to_wal(conn, deadline_s=0.0)
+    finally:
+        blocker.execute("ROLLBACK")

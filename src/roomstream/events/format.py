@@ -8,13 +8,13 @@ Received events (:func:`parse_pdu`), in this order, each failure a ``BadEventErr
 3. canonical JSON of the whole PDU (signatures and ``unsigned`` included, as the spec's
    size limit says) longer than :data:`MAX_PDU_SIZE` bytes          -> ``M_TOO_LARGE``
 4. required keys and their types, identifier grammar, 255-byte key limits, ``redacts``
-   placement (:func:`validate_pdu_fields`)                           -> ``M_BAD_JSON``
+   placement, no top-level ``event_id`` (:func:`validate_pdu_fields`) -> ``M_BAD_JSON``
    (``type``/``sender``/``room_id``/``state_key`` over 255 bytes     -> ``M_TOO_LARGE``)
 5. content hash mismatch                  -> :class:`ContentHashMismatchError` (``M_BAD_JSON``)
 6. computed event ID differs from ``expected_event_id``              -> ``M_BAD_JSON``
 
 Nothing else is raised for any input bytes. Signatures are *not* checked here (that
-needs the sender's keys; see :func:`signing.verify_event_signature`), nor are auth rules.
+needs the senders' keys; see :func:`signing.check_event_signatures`), nor are auth rules.
 
 On a content hash mismatch the spec tells a receiver to keep the event but use its
 redacted form (the sender may legitimately have served a redacted copy, e.g. via
@@ -143,6 +143,12 @@ def validate_pdu_fields(
     With ``local=True`` (events being created here) ``hashes`` and ``signatures`` may be
     absent because :func:`finalise_local_event` adds them.
     """
+    if "event_id" in data:
+        # Room versions 3 and later derive the ID from the reference hash; a received
+        # ``event_id`` key would otherwise be served to clients as if it were the ID.
+        raise _bad(
+            f"events in room version {room_version.identifier} must not carry an 'event_id' key"
+        )
     event_type = data.get("type")
     if type(event_type) is not str:
         raise _bad("'type' must be a string")
@@ -307,8 +313,6 @@ def finalise_local_event(
     server during a restricted join) are kept.
     """
     data = dict(event_dict)
-    if "event_id" in data:
-        raise _bad("events in this room version must not carry an 'event_id' key")
     check_json_value(data, local=True)
     validate_pdu_fields(data, room_version, local=True)
     add_content_hash(data)

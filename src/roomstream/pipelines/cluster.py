@@ -1,7 +1,9 @@
 """A Spark standalone cluster (one master, one worker) on loopback, from PySpark's own jars.
 
 For tests and demos: ``with standalone_cluster(tmp) as master_url: spark_session(master_url)``.
-Everything binds to 127.0.0.1; both JVMs are stopped (by their process ids) on exit.
+Everything binds to 127.0.0.1 on ports the JVMs choose themselves (port 0, read back from
+the master's log), so concurrent clusters never collide; both JVMs are stopped (by their
+process ids) on exit.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,19 +25,14 @@ def spark_home() -> str:
     return os.path.dirname(os.path.abspath(pyspark.__file__))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_for_log(path: Path, pattern: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+def _wait_for_log(
+    path: Path, pattern: str, proc: subprocess.Popen[bytes], timeout: float
+) -> re.Match[str]:
     deadline = time.monotonic() + timeout
     regex = re.compile(pattern)
     while time.monotonic() < deadline:
-        if path.exists() and regex.search(path.read_text(errors="replace")):
-            return
+        if path.exists() and (match := regex.search(path.read_text(errors="replace"))):
+            return match
         if proc.poll() is not None:
             raise RuntimeError(f"{path.name}: exited with {proc.returncode}:\n{path.read_text()}")
         time.sleep(0.2)
@@ -72,9 +68,9 @@ def standalone_cluster(
         SPARK_LOG_DIR=str(workdir / "logs"),
         SPARK_WORKER_DIR=str(workdir / "work"),
         SPARK_DAEMON_MEMORY="512m",
+        # No REST submission server: it would take the fixed port 6066.
+        SPARK_MASTER_OPTS=f"{env.get('SPARK_MASTER_OPTS', '')} -Dspark.master.rest.enabled=false",
     )
-    port = _free_port()
-    master_url = f"spark://127.0.0.1:{port}"
     spark_class = os.path.join(home, "bin", "spark-class")
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -82,17 +78,20 @@ def standalone_cluster(
         with master_log.open("wb") as out:
             master = subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(port), "--webui-port", str(_free_port())],
+                 "--port", "0", "--webui-port", "0"],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         procs.append(master)
+        master_url = _wait_for_log(
+            master_log, r"Starting Spark master at (spark://\S+)", master, timeout
+        ).group(1)
         _wait_for_log(master_log, r"I have been elected leader", master, timeout)
         worker_log = workdir / "worker.log"
         with worker_log.open("wb") as out:
             worker = subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.worker.Worker", master_url,
                  "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                 "--webui-port", str(_free_port()), "--work-dir", str(workdir / "work")],
+                 "--webui-port", "0", "--work-dir", str(workdir / "work")],
                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         procs.append(worker)

@@ -117,6 +117,28 @@ TABLES: tuple[TableCopy, ...] = (
         ("stream_id", "instance_name", "room_id", "type", "state_key", "event_id", "prev_event_id"),
         (("stream_id", SO),),
     ),
+    # The read path's visibility records (roomstream.reading.visibility).
+    TableCopy(
+        "timeline_events",
+        (
+            "room_id",
+            "topological_ordering",
+            "stream_ordering",
+            "event_id",
+            "instance_name",
+            "visibility",
+            "visibility_after",
+            "member_user",
+            "membership",
+            "replaces_state",
+        ),
+        (("stream_ordering", SO),),
+    ),
+    TableCopy(
+        "visibility_memberships",
+        ("room_id", "user_id", "topological_ordering", "stream_ordering", "membership"),
+        (("stream_ordering", SO),),
+    ),
 )
 
 

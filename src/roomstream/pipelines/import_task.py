@@ -37,13 +37,22 @@ from dataclasses import dataclass, field
 import orjson
 from pyspark import Broadcast
 
-from roomstream.errors import BadEventError
-from roomstream.events.format import parse_pdu
+from roomstream.errors import BadEventError, Codes
+from roomstream.events.format import ContentHashMismatchError, parse_pdu
 from roomstream.events.hashing import compute_event_id, room_id_from_create_event_id
 from roomstream.events.model import Event
-from roomstream.events.room_versions import ROOM_V10, RoomVersion, room_version
-from roomstream.rooms.persist import EventPersister, topological_order
+from roomstream.events.room_versions import (
+    KNOWN_ROOM_VERSIONS,
+    ROOM_V10,
+    ROOM_V12,
+    RoomVersion,
+    room_version,
+)
+from roomstream.events.signing import EventSignatureError, VerifyKeys, check_event_signatures
+from roomstream.rooms.keys import KeyMap, verify_keys_of
+from roomstream.rooms.persist import EventPersister, PersistedEvent, topological_order
 from roomstream.rooms.store import EventStore
+from roomstream.state.cooperative import set_pause
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
 from roomstream.streams import STREAMS, StreamSet
 
@@ -63,14 +72,25 @@ class TaskSettings:
     chunk_events: int = 400
     #: Rooms persisted concurrently by a task (their commits are grouped).
     rooms_in_flight: int = 16
+    #: The verify keys events are checked against (server -> key ID -> base64).
+    verify_keys: KeyMap = field(default_factory=dict)
+    #: Skip the signature checks (the operator vouches for the input).
+    trust_unsigned: bool = False
+
+    def signature_keys(self) -> VerifyKeys | None:
+        """The keys to check signatures with; None when the input is trusted unsigned."""
+        return None if self.trust_unsigned else verify_keys_of(self.verify_keys)
 
 
 @dataclass(frozen=True)
 class LineIssue:
     """An input line that was not stored as a valid event, or was stored as rejected.
 
-    ``kind`` is ``"invalid"`` (not stored: failed parsing / validation / hashes, or its
-    room has no valid create event) or ``"rejected"`` (stored, rejected by the auth rules).
+    ``kind`` is ``"invalid"`` (not stored: failed parsing / validation / signatures, or
+    its room has no valid create event), ``"rejected"`` (stored, rejected by the auth
+    rules), ``"redacted"`` (its content hash did not match its content: stored in its
+    redacted form, then processed like any event, as the spec's checks on receipt say) or
+    ``"duplicate"`` (the same event as an earlier line of the input: stored once).
     """
 
     line: int
@@ -95,6 +115,9 @@ class PartResult:
     branches: int = 0
     issues: list[LineIssue] = field(default_factory=list)
     seconds: float = 0.0
+    #: Lines of rooms the target already has (not persisted here; the driver adds them
+    #: through the online path): a file of ``LINE<TAB>RAW`` lines, or "" if none.
+    existing_path: str = ""
 
 
 # -- keying --------------------------------------------------------------------------
@@ -114,9 +137,15 @@ def room_of_line(raw: bytes) -> str:
     if data.get("type") == "m.room.create" and room_id is None:
         content = data.get("content")
         try:
-            version = room_version(
-                content.get("room_version") if isinstance(content, dict) else None
-            )
+            try:
+                version = room_version(
+                    content.get("room_version") if isinstance(content, dict) else None
+                )
+            except BadEventError:
+                # Only versions whose create event has no room_id (12+) omit it: key the
+                # line as version 12 would, so the task sees the room's create event and
+                # can name its real problem (the room version) on every line of the room.
+                version = ROOM_V12
             if version.room_id_from_create_event:
                 return room_id_from_create_event_id(compute_event_id(data, version))
         except Exception:  # any malformed create event: reported by the task
@@ -243,11 +272,73 @@ def _create_version(room_id: str, rows: Sequence[tuple[int, bytes]]) -> RoomVers
             if data.get("type") != "m.room.create" or data.get("state_key") != "":
                 continue
             version = room_version(data["content"]["room_version"])
-            event = parse_pdu(raw, version)
+            try:
+                event = parse_pdu(raw, version)
+            except ContentHashMismatchError as exc:
+                event = exc.redacted_event  # used in its redacted form, as any event
             if event.room_id == room_id:
                 return version
         except Exception:  # not a usable create event; look further
             continue
+    return None
+
+
+def _unusable_create(rows: Sequence[tuple[int, bytes]]) -> tuple[int, str] | None:
+    """The first line that is an ``m.room.create`` event, and why it cannot be used (its
+    room version, most often: unknown, mistyped or missing)."""
+    for line, raw in rows:
+        if b"m.room.create" not in raw:
+            continue
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(data, dict) or data.get("type") != "m.room.create":
+            continue
+        content = data.get("content")
+        known = ", ".join(sorted(KNOWN_ROOM_VERSIONS, key=lambda v: (len(v), v)))
+        if not isinstance(content, dict) or "room_version" not in content:
+            return line, (
+                f"{Codes.UNSUPPORTED_ROOM_VERSION}: the m.room.create event has no"
+                f" content.room_version (room version 1 is implied, which is not supported;"
+                f" supported: {known})"
+            )
+        value = content["room_version"]
+        if not isinstance(value, str):
+            return line, (
+                f"{Codes.UNSUPPORTED_ROOM_VERSION}: content.room_version of the m.room.create"
+                f" event must be a string, not {type(value).__name__} {value!r}"
+                f" (supported: {known})"
+            )
+        if value not in KNOWN_ROOM_VERSIONS:
+            return line, (
+                f"{Codes.UNSUPPORTED_ROOM_VERSION}: unknown room version {value[:40]!r} in the"
+                f" m.room.create event (supported: {known})"
+            )
+        try:
+            parse_pdu(raw, KNOWN_ROOM_VERSIONS[value])
+        except BadEventError as exc:
+            return line, f"{exc.errcode}: {exc.message}"  # the online path's own words
+    return None
+
+
+def _create_error(raw: bytes) -> str | None:
+    """A create event's own error (the online path's message), if the line is a create
+    event that does not parse: a v12 create event is keyed by the room ID its event ID
+    names, so a broken one would otherwise be reported as a room without a create event."""
+    if b"m.room.create" not in raw:
+        return None
+    try:
+        data = orjson.loads(raw)
+        if not isinstance(data, dict) or data.get("type") != "m.room.create":
+            return None
+        content = data.get("content")
+        version = room_version(content.get("room_version") if isinstance(content, dict) else None)
+        parse_pdu(raw, version)
+    except BadEventError as exc:
+        return f"{exc.errcode}: {exc.message}"
+    except Exception:  # not JSON / unknown version: the generic reason says enough
+        return None
     return None
 
 
@@ -274,42 +365,105 @@ class _Progress:
         os.replace(tmp, self.path)
 
 
-async def _persist_room(
+def _superseded(line: int, event_id: str, stored_line: int) -> LineIssue:
+    return LineIssue(
+        line,
+        "invalid",
+        f"M_BAD_JSON: the content hash of {event_id} does not match its content;"
+        f" the event is stored from line {stored_line}",
+        event_id,
+    )
+
+
+async def persist_room(
     persister: EventPersister,
     room_id: str,
     rows: list[tuple[int, bytes]],
     settings: TaskSettings,
     issues: list[LineIssue],
-    progress: _Progress,
-) -> None:
-    version = _create_version(room_id, rows)
+    progress: _Progress | None = None,
+    version: RoomVersion | None = None,
+) -> list[PersistedEvent]:
+    """Persist one room's lines in :func:`room_order`, in chunks; report bad, duplicate,
+    redacted (content hash mismatch) and (newly) rejected lines. ``version``: the room's,
+    when the target already has it (otherwise it comes from the create event among the
+    lines). Signatures are checked with ``settings.signature_keys()`` unless the input is
+    trusted unsigned. Returns every result."""
+    verify_keys = settings.signature_keys()
+    version = version or _create_version(room_id, rows)
     if version is None:
         reason = f"M_NOT_FOUND: room {room_id[:80]} has no valid m.room.create event in the input"
-        issues.extend(LineIssue(line, "invalid", reason) for line, _ in rows)
-        return
-    events: list[Event] = []
+        unusable = _unusable_create(rows)
+        if unusable is not None:
+            create_line, why = unusable
+            reason = f"M_NOT_FOUND: the room's m.room.create event (line {create_line}): {why}"
+        issues.extend(
+            LineIssue(
+                line,
+                "invalid",
+                why if unusable and line == create_line else _create_error(raw) or reason,
+            )
+            for line, raw in rows
+        )
+        return []
+    events: dict[str, Event] = {}
     line_of: dict[str, int] = {}
+    #: Events held in their redacted form (content hash mismatch) -> their line.
+    redacted: dict[str, int] = {}
     for line, raw in rows:
+        mismatch = False
         try:
             event = parse_pdu(raw, version)
+        except ContentHashMismatchError as exc:
+            event, mismatch = exc.redacted_event, True
         except BadEventError as exc:
             issues.append(LineIssue(line, "invalid", f"{exc.errcode}: {exc.message}"))
             continue
         if event.room_id != room_id:  # cannot happen for keyed lines; kept as a guard
             issues.append(LineIssue(line, "invalid", "M_BAD_JSON: room ID mismatch"))
             continue
-        if event.event_id in line_of:
-            continue  # a duplicate line: persisting twice is a no-op online too
-        line_of[event.event_id] = line
-        events.append(event)
-    ordered = room_order(events)
+        if verify_keys is not None:
+            try:
+                check_event_signatures(event, verify_keys)
+            except EventSignatureError as exc:
+                issues.append(LineIssue(line, "invalid", f"{exc.errcode}: {exc.message}"))
+                continue
+        event_id = event.event_id
+        if event_id in line_of:
+            if mismatch:  # a tampered copy of an event the input already holds
+                issues.append(_superseded(line, event_id, line_of[event_id]))
+                continue
+            if event_id not in redacted:
+                # Persisting twice is a no-op online too; the report still names the line.
+                reason = f"same event as line {line_of[event_id]}"
+                issues.append(LineIssue(line, "duplicate", reason, event_id))
+                continue
+            # A genuine copy beats a redacted one whatever the order of the lines.
+            issues.append(_superseded(redacted.pop(event_id), event_id, line))
+        elif mismatch:
+            redacted[event_id] = line
+        line_of[event_id] = line
+        events[event_id] = event
+    issues.extend(
+        LineIssue(
+            line,
+            "redacted",
+            f"M_BAD_JSON: the content hash of {event_id} does not match its content;"
+            " stored in its redacted form",
+            event_id,
+        )
+        for event_id, line in redacted.items()
+    )
+    ordered = room_order(list(events.values()))
     size = max(1, settings.chunk_events)
+    done: list[PersistedEvent] = []
     for start in range(0, len(ordered), size):
         results = await persister.persist_events(
             ordered[start : start + size], backfilled=settings.backfill
         )
+        done.extend(results)
         for result in results:
-            if result.rejected_reason is not None:
+            if result.new and result.rejected_reason is not None:
                 issues.append(
                     LineIssue(
                         line_of[result.event_id],
@@ -318,8 +472,10 @@ async def _persist_room(
                         result.event_id,
                     )
                 )
-        progress.events += min(size, len(ordered) - start)
-        progress.update()
+        if progress is not None:
+            progress.events += min(size, len(ordered) - start)
+            progress.update()
+    return done
 
 
 def _counts_txn(txn: Transaction) -> tuple[list[str], int, int, int, int, int, int, int]:
@@ -373,6 +529,8 @@ async def persist_rooms(
     progress = _Progress(progress_path or path + ".progress")
     # The part database is this task's alone: no worker-thread hop per interaction.
     db: Database = connect(DatabaseConfig(engine="sqlite", path=path), inline=True)
+    # Nothing else runs on this loop: long computations yield without pausing.
+    set_pause(0.0)
     try:
         _scratch_pragmas(db)
         await prepare_database(db)
@@ -393,7 +551,7 @@ async def persist_rooms(
                 )
                 return
             async with window:
-                await _persist_room(persister, room_id, rows, settings, result.issues, progress)
+                await persist_room(persister, room_id, rows, settings, result.issues, progress)
             progress.rooms += 1
             progress.update()
 
@@ -418,23 +576,50 @@ async def persist_rooms(
     return result
 
 
+def write_existing(path: str, rows: Iterable[tuple[int, bytes]]) -> None:
+    """Write lines of rooms the target already has as ``LINE<TAB>RAW`` lines."""
+    with open(path, "wb") as f:
+        for line, raw in rows:
+            f.write(b"%d\t%s\n" % (line, raw))
+
+
+def read_existing(path: str) -> Iterator[tuple[int, bytes]]:
+    """The (line number, raw line) pairs :func:`write_existing` wrote."""
+    with open(path, "rb") as f:
+        for record in f:
+            line, _, raw = record.rstrip(b"\n").partition(b"\t")
+            yield int(line), raw
+
+
 def persist_partition(
     index: int,
     rows: Iterable[tuple[str, tuple[LinePosition, bytes]]],
     settings: TaskSettings,
     offsets: Broadcast[dict[int, int]],
+    existing: Broadcast[frozenset[str]] | None = None,
 ) -> Iterator[PartResult]:
     """The Spark task: number the partition's lines, group them by room, persist them.
 
-    Yields exactly one :class:`PartResult`; an empty partition creates no database
-    (``path`` is empty).
+    Rooms in ``existing`` (the target has them) are not persisted: their lines go to a
+    file for the driver (``existing_path``). Yields exactly one :class:`PartResult`; a
+    partition with no new room creates no database (``path`` is empty).
     """
     rooms: dict[str, list[tuple[int, bytes]]] = defaultdict(list)
+    known = existing.value if existing is not None else frozenset()
+    later: list[tuple[int, bytes]] = []
     for room_id, (line, raw) in number_lines(rows, offsets.value):
-        if raw.strip():
+        if not raw.strip():
+            continue
+        if room_id in known:
+            later.append((line, bytes(raw)))
+        else:
             rooms[room_id].append((line, bytes(raw)))
+    existing_path = ""
+    if later:
+        existing_path = os.path.join(settings.work_dir, f"part-{index:05d}.existing")
+        write_existing(existing_path, later)
     if not rooms:
-        yield PartResult(index=index, path="")
+        yield PartResult(index=index, path="", lines=len(later), existing_path=existing_path)
         return
     path = os.path.join(settings.work_dir, f"part-{index:05d}.db")
     for stale in (path, path + "-wal", path + "-shm"):
@@ -442,4 +627,6 @@ def persist_partition(
             os.remove(stale)
     result = asyncio.run(persist_rooms(path, rooms, settings, path + ".progress"))
     result.index = index
+    result.lines += len(later)
+    result.existing_path = existing_path
     yield result

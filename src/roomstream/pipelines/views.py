@@ -657,10 +657,11 @@ def run_views(
     parquet_path: str | None = None,
     once: bool = True,
     processing_time: str = "1 second",
+    quiet: bool = True,
 ) -> None:
     """CLI entry point: run the views job on ``master``. ``once`` processes everything
     available now and returns; otherwise it runs until interrupted."""
-    spark = spark_session(master, app_name="roomstream-views")
+    spark = spark_session(master, app_name="roomstream-views", quiet=quiet)
     sink = ViewsSink(config, lookup=lookup, parquet_path=parquet_path)
     query, _ = start_views_query(
         spark, config, checkpoint, sink=sink, available_now=once, processing_time=processing_time
@@ -843,8 +844,46 @@ def rebuild_views(
 
 
 def rebuild_views_cli(
-    config: DatabaseConfig, *, master: str = "local[2]", parquet_path: str | None = None
+    config: DatabaseConfig,
+    *,
+    master: str = "local[2]",
+    parquet_path: str | None = None,
+    quiet: bool = True,
 ) -> dict[str, int]:
     """CLI entry point for :func:`rebuild_views`; returns the offset covered."""
-    spark = spark_session(master, app_name="roomstream-rebuild-views")
+    spark = spark_session(master, app_name="roomstream-rebuild-views", quiet=quiet)
     return rebuild_views(spark, config, parquet_path=parquet_path).offset
+
+
+@dataclass(frozen=True)
+class ViewsSummary:
+    """What the view tables hold, for the command line."""
+
+    #: table -> rows
+    rows: dict[str, int]
+    rooms: int
+    users: int
+    messages: int
+    #: (day, messages) of the busiest day, if any
+    busiest_day: tuple[str, int] | None
+
+
+def views_summary_txn(txn: Transaction) -> ViewsSummary:
+    rows = {t: int(txn.query_one(f"SELECT COUNT(*) FROM {t}")[0]) for t in VIEW_TABLES}
+    messages = txn.query_one("SELECT COALESCE(SUM(messages), 0) FROM view_room_daily_messages")
+    busiest = txn.query_one(
+        "SELECT day, SUM(messages) AS n FROM view_room_daily_messages GROUP BY day"
+        " ORDER BY n DESC, day LIMIT 1"
+    )
+    return ViewsSummary(
+        rows=rows,
+        rooms=rows["view_room_stats"],
+        users=rows["view_user_stats"],
+        messages=int(messages[0]),
+        busiest_day=None if busiest is None else (str(busiest[0]), int(busiest[1])),
+    )
+
+
+def parquet_paths(parquet_path: str) -> dict[str, str]:
+    """Where :func:`export_parquet` writes each view under ``parquet_path``."""
+    return {table: os.path.join(parquet_path, table) for table in VIEW_TABLES}

@@ -30,6 +30,8 @@ from typing import Any, ClassVar, NamedTuple, TypeAlias
 
 import orjson
 
+from roomstream.exactjson import DIGITS_TO_ZERO, has_long_digit_run
+
 __all__ = [
     "ALL_COMMAND_NAMES",
     "CLIENT_COMMANDS",
@@ -43,6 +45,7 @@ __all__ = [
     "ErrorCommand",
     "FederationAckCommand",
     "JsonValue",
+    "LineTooLongError",
     "LockReleasedCommand",
     "NameCommand",
     "NewActiveTaskCommand",
@@ -52,6 +55,7 @@ __all__ = [
     "RdataCommand",
     "RemoteServerUpCommand",
     "ReplicateCommand",
+    "ReplicateStreamCommand",
     "ServerCommand",
     "Side",
     "UserIpCommand",
@@ -88,6 +92,10 @@ class ProtocolError(Exception):
             reason = reason[: _MAX_REASON_LENGTH - 3] + "..."
         super().__init__(reason)
         self.reason = reason
+
+
+class LineTooLongError(ValueError):
+    """``serialize`` refused a command whose line is over the length limit."""
 
 
 class Side(StrEnum):
@@ -154,6 +162,11 @@ class _Name(NamedTuple):
 
 class _Replicate(NamedTuple):
     pass
+
+
+class _ReplicateStream(NamedTuple):
+    stream_name: str
+    token: int | None
 
 
 class _UserSync(NamedTuple):
@@ -257,6 +270,19 @@ class ReplicateCommand(BaseCommand, _Replicate):
     NAME = "REPLICATE"
 
 
+class ReplicateStreamCommand(BaseCommand, _ReplicateStream):
+    """``REPLICATE <stream_name> <token>``: the older protocol revision's subscription.
+
+    Asks for every row of ``stream_name`` (``ALL``: every stream the server writes) after
+    ``token``, then the live rows. ``token`` is None on the wire word ``NOW``: only rows
+    from now on. A roomstream extension to the current protocol, where a bare
+    ``REPLICATE`` (:class:`ReplicateCommand`) keeps its meaning.
+    """
+
+    __slots__ = ()
+    NAME = "REPLICATE"
+
+
 class UserSyncCommand(BaseCommand, _UserSync):
     """``USER_SYNC <instance_id> <user_id> <device_id> <start|end> <last_sync_ms>``.
 
@@ -337,6 +363,7 @@ Command: TypeAlias = (
     | PingCommand
     | NameCommand
     | ReplicateCommand
+    | ReplicateStreamCommand
     | UserSyncCommand
     | ClearUserSyncCommand
     | FederationAckCommand
@@ -355,6 +382,7 @@ _COMMAND_CLASSES: tuple[type[BaseCommand], ...] = (
     PingCommand,
     NameCommand,
     ReplicateCommand,
+    ReplicateStreamCommand,
     UserSyncCommand,
     ClearUserSyncCommand,
     FederationAckCommand,
@@ -428,19 +456,17 @@ def _reject_constant(name: str) -> None:
 _stdlib_decode = json.JSONDecoder(parse_constant=_reject_constant).decode
 _orjson_loads = orjson.loads
 _new = tuple.__new__
+# Integers beyond 64 bits must stay exact: see roomstream.exactjson.
+_DIGITS_TO_ZERO = DIGITS_TO_ZERO
 
 
 def _decode_json(text: str, what: str) -> JsonValue:
-    """Decode one JSON document (the caller has already tried orjson on its hot path).
-
-    Note: orjson turns integers outside [-2**63, 2**64) into floats where Synapse's
-    stdlib decoder keeps an exact int. Rows built from database values (64-bit) never
-    hold such integers, so the fast decoder is used for them; see docs/replication.md.
-    """
-    try:
-        return _orjson_loads(text)
-    except orjson.JSONDecodeError:
-        pass
+    """Decode one JSON document exactly as Synapse's decoder would (integers exact)."""
+    if not has_long_digit_run(text):
+        try:
+            return _orjson_loads(text)
+        except orjson.JSONDecodeError:
+            pass
     try:
         return _stdlib_decode(text)
     except (ValueError, RecursionError) as e:
@@ -503,10 +529,7 @@ def _parse_rdata(rest: str) -> RdataCommand:
         token = None
     else:
         token = _token(token_text, "RDATA token")
-    try:
-        row = _orjson_loads(row_json)
-    except orjson.JSONDecodeError:
-        row = _decode_json(row_json, "RDATA row")
+    row = _decode_json(row_json, "RDATA row")
     return _new(RdataCommand, (stream_name, instance_name, token, row))
 
 
@@ -551,11 +574,18 @@ def _parse_name(rest: str) -> NameCommand:
     return NameCommand(_name_field(rest, "NAME client_name"))
 
 
-def _parse_replicate(rest: str) -> ReplicateCommand:
-    # The legacy protocol had "REPLICATE <stream> <token>"; the current one takes nothing.
-    if rest:
-        raise ProtocolError(f"REPLICATE takes no arguments, got {_preview(rest)}")
-    return ReplicateCommand()
+def _parse_replicate(rest: str) -> ReplicateCommand | ReplicateStreamCommand:
+    # The current protocol takes no arguments; the older one "<stream_name> <token|NOW>".
+    if not rest:
+        return ReplicateCommand()
+    parts = rest.split(" ")
+    if len(parts) != 2 or not all(parts):
+        raise ProtocolError(
+            f"REPLICATE takes no arguments, or <stream_name> <token|NOW>; got {_preview(rest)}"
+        )
+    stream_name, token_text = parts
+    token = None if token_text == "NOW" else _token(token_text, "REPLICATE token")
+    return ReplicateStreamCommand(stream_name, token)
 
 
 _USER_SYNC_FIELDS = ("instance_id", "user_id", "device_id", "state", "last_sync_ms")
@@ -634,7 +664,7 @@ def _parse_cancel_task(rest: str) -> CancelTaskCommand:
     return CancelTaskCommand(_name_field(rest, "CANCEL_TASK task_id"))
 
 
-_PARSERS: dict[str, Callable[[str], Command]] = {
+_PARSERS: dict[str, Callable[[str], Command]] = {  # by NAME; REPLICATE has two forms
     "RDATA": _parse_rdata,
     "POSITION": _parse_position,
     "SERVER": _parse_server,
@@ -669,10 +699,14 @@ def _parse_text(text: str) -> Command:
                 token = int(token_text)
             elif token_text != "batch":
                 token = _token(token_text, "RDATA token")
-            try:
-                row = _orjson_loads(payload)
-            except orjson.JSONDecodeError:
-                row = _decode_json(payload, "RDATA row")
+            # (has_long_digit_run inlined: this is the hottest line of the codec.)
+            if payload.encode().translate(_DIGITS_TO_ZERO).find(b"0000000000000000000") < 0:
+                try:
+                    row = _orjson_loads(payload)
+                except orjson.JSONDecodeError:
+                    row = _decode_json(payload, "RDATA row")
+            else:
+                row = _decode_json(payload, "RDATA row")  # may hold a > 64-bit integer
             return _new(RdataCommand, (stream_name, instance_name, token, row))
         if (
             name == "POSITION"
@@ -931,6 +965,10 @@ _SERIALIZERS: dict[type[BaseCommand], Callable[[Any], str]] = {
     PingCommand: _simple("PING", "data", allow_empty=True),
     NameCommand: _simple("NAME", "client_name", allow_empty=False),
     ReplicateCommand: lambda cmd: "REPLICATE \n",
+    ReplicateStreamCommand: lambda cmd: (
+        f"REPLICATE {_check_word(cmd.stream_name, 'stream_name')} "
+        f"{'NOW' if cmd.token is None else _check_int(cmd.token, 'token')}\n"
+    ),
     UserSyncCommand: _ser_user_sync,
     ClearUserSyncCommand: _simple("CLEAR_USER_SYNC", "instance_id", allow_empty=False),
     FederationAckCommand: _ser_federation_ack,
@@ -964,7 +1002,7 @@ def serialize(cmd: Command, *, max_line_length: int = DEFAULT_MAX_LINE_LENGTH) -
         # e.g. an unhashable value where a name belongs.
         raise ValueError(f"{cmd.NAME}: field of the wrong type: {e}") from None
     if len(data) > max_line_length + 1:
-        raise ValueError(
+        raise LineTooLongError(
             f"{cmd.NAME} line is {len(data) - 1} bytes, over the {max_line_length}-byte limit"
         )
     return data

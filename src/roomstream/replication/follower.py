@@ -33,6 +33,7 @@ Invariants, for each ``(stream, writer)``:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -106,6 +107,10 @@ class StreamFollower:
         self.instance_name = instance_name
         self.in_memory = frozenset(in_memory)
         self._processed: dict[Key, int] = dict(start or {})
+        #: The highest token each writer has announced (RDATA or POSITION), and since when
+        #: (monotonic clock) the oldest announced fact has been waiting: for lag metrics.
+        self._announced: dict[Key, int] = {}
+        self._behind_since: dict[Key, float] = {}
         #: How many times an in-memory writer's epoch changed or its rows were lost.
         self.resets = 0
 
@@ -120,6 +125,27 @@ class StreamFollower:
             out.setdefault(stream, {})[writer] = token
         return out
 
+    def lag(self) -> dict[Key, tuple[int, float]]:
+        """``{(stream, writer): (tokens behind, seconds behind)}``: how far the processed
+        token trails the highest one announced, and for how long facts have waited."""
+        now = time.monotonic()
+        out = {}
+        for key, announced in self._announced.items():
+            behind = max(0, announced - self._processed.get(key, announced))
+            since = self._behind_since.get(key)
+            out[key] = (behind, 0.0 if since is None or not behind else now - since)
+        return out
+
+    def _heard(self, key: Key, token: int) -> None:
+        if token > self._announced.get(key, token - 1):
+            self._announced[key] = token
+            if token > self._processed.get(key, token):
+                self._behind_since.setdefault(key, time.monotonic())
+
+    def _caught_up(self, key: Key) -> None:
+        if self._processed.get(key, 0) >= self._announced.get(key, 0):
+            self._behind_since.pop(key, None)
+
     def new_session(self) -> FollowerSession:
         """State for one new connection; nothing is positioned on it yet."""
         return FollowerSession(self)
@@ -131,6 +157,7 @@ class StreamFollower:
         if current is not None and token <= current:
             return False
         self._processed[key] = token
+        self._caught_up(key)
         self.callbacks.process(key[0], key[1], token, rows)
         self.callbacks.advanced(key[0], key[1], token)
         return True
@@ -139,10 +166,13 @@ class StreamFollower:
         current = self._processed.get(key)
         if current is None or token > current:
             self._processed[key] = token
+            self._caught_up(key)
             self.callbacks.advanced(key[0], key[1], token)
 
     def _reset(self, key: Key, token: int) -> None:
         self._processed[key] = token
+        self._announced[key] = token
+        self._caught_up(key)
         self.resets += 1
 
 
@@ -188,6 +218,8 @@ class FollowerSession:
         key = (stream, writer)
         if key not in self._positioned:
             return
+        if token is not None:
+            follower._heard(key, token)
         if token is None:
             batch = self._batches.get(key)
             if batch is None:
@@ -211,6 +243,7 @@ class FollowerSession:
         self._positioned.add(key)
         # A writer never puts a POSITION between the rows of one token; drop any leftovers.
         self._batches.pop(key, None)
+        follower._heard(key, new)
         current = follower._processed.get(key)
         if current is None:
             follower._advance(key, new)

@@ -6,34 +6,72 @@ Routes, under ``/_roomstream/replication``:
 - ``GET /streams/{stream}/updates?writer=&from=&upto=&limit=``: rows of an in-memory
   stream (typing) that this instance writes, with the ``get_updates`` contract; a reader
   that fell behind fetches them here;
-- ``POST /rooms/{room_id}/send_event`` with ``{"sender", "type", "content", "state_key"?}``:
-  create and persist an event. The instance that owns the room (:mod:`sharding`) persists
+- ``POST /rooms/{room_id}/send_event`` with ``{"sender", "type", "content", "state_key"?,
+  "redacts"?}``: create and persist an event (``redacts``: the redacted event of an
+  ``m.room.redaction``, top-level in room version 10, moved into the content from 11 by
+  the owner's event builder). The instance that owns the room (:mod:`sharding`) persists
   it; any other instance forwards the request once to the owner;
 - ``POST /create_room`` with ``{"creator", "name"?}``: create a room on this instance.
 
-Errors are Matrix-style JSON bodies ``{"errcode": ..., "error": ...}``. When a shared
-secret is configured every request must carry ``Authorization: Bearer <secret>`` (compared
-in constant time). The listener binds to the instance's host, loopback by default;
-configuration validation refuses a non-loopback host without a secret.
+Client-Server API writes forwarded by a process that does not write the stream they go
+to (``/client/...``, served when the process composes a :class:`ClientWrites`). The
+receiving instance must write that stream itself (else 421, never a second hop); the
+forwarding process has already authenticated the user and checked membership:
+
+- ``POST /client/create_room`` with ``{"creator", "request"}``: a whole ``createRoom``
+  request body, created by this events writer exactly as a local one;
+- ``POST /client/account_data`` with ``{"user_id", "room_id"?, "type", "content"}``;
+- ``POST /client/receipt`` with ``{"room_id", "receipt_type", "user_id", "event_id",
+  "thread_id"?}``;
+- ``POST /client/to_device`` with ``{"sender", "type", "messages"}``;
+- ``POST /client/typing`` with ``{"room_id", "user_id", "typing", "timeout"}``.
+
+And ``GET /metrics`` (no prefix): Prometheus metrics (:mod:`roomstream.metrics`).
+
+Errors are Matrix-style JSON bodies ``{"errcode": ..., "error": ...}``, produced in one
+place, :func:`matrix_error_middleware`, which any aiohttp application of roomstream can
+reuse: handlers raise :class:`~roomstream.errors.MatrixError` and never build error
+responses themselves. Invariant: no request is ever answered with a bare (non-JSON) error,
+and no input makes a handler answer 500; an unreachable process answers 503
+``M_UNAVAILABLE`` with ``retry_after_ms``, logged once per outage. When a shared secret is
+configured every request must carry ``Authorization: Bearer <secret>`` (compared in
+constant time), except under ``open_prefixes``: other APIs served on the same listener
+(``extensions``: the Client-Server API under ``/_matrix``) with their own authentication.
+The listener binds to the instance's host, loopback by default; configuration validation
+refuses a non-loopback host without a secret.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+from urllib.parse import quote
 
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from roomstream import exactjson
 from roomstream.config import Config
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import Codes, MatrixError, ServiceUnavailableError
+from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
 
-__all__ = ["PREFIX", "InternalHttpClient", "InternalHttpServer", "StreamTooOldHttpError"]
+__all__ = [
+    "PREFIX",
+    "ClientWrites",
+    "InternalHttpClient",
+    "InternalHttpServer",
+    "StreamTooOldHttpError",
+    "bearer_auth_middleware",
+    "error_response",
+    "matrix_error_middleware",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +83,77 @@ WRONG_WRITER = "IO.ROOMSTREAM.WRONG_WRITER"
 FORWARDED_HEADER = "X-Roomstream-Forwarded"
 MAX_BODY = 64 * 1024
 MAX_LIMIT = 10_000
+#: What a 503 tells the caller to wait before retrying, in milliseconds.
+RETRY_AFTER_MS = 1000
 
 
 class StreamTooOldHttpError(StreamTooOldError):
     """The writer answered that it no longer holds the rows asked for."""
 
 
-def _error(status: int, errcode: str, message: str) -> web.Response:
-    return web.json_response({"errcode": errcode, "error": message}, status=status)
+def error_response(exc: MatrixError) -> web.Response:
+    """The JSON answer for ``exc``, with ``Retry-After`` when it says when to retry."""
+    headers = None
+    if exc.retry_after_ms is not None:
+        headers = {"Retry-After": str(max(1, -(-exc.retry_after_ms // 1000)))}
+    return web.json_response(exc.to_json(), status=exc.http_status, headers=headers)
+
+
+#: aiohttp's own refusals (routing, body size), as Matrix errors.
+_HTTP_EXCEPTION_CODES = {
+    404: (Codes.UNRECOGNIZED, "unrecognized request"),
+    405: (Codes.UNRECOGNIZED, "method not allowed"),
+    413: (Codes.TOO_LARGE, "request body too large"),
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def matrix_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one place that turns exceptions into HTTP answers (Matrix JSON errors).
+
+    ``MatrixError`` -> its status and errcode; aiohttp's HTTP errors (no route, wrong
+    method, body too large, ...) -> the same status with a Matrix errcode; anything else
+    is a bug: logged with its traceback and answered 500 ``M_UNKNOWN``, still as JSON.
+    Put it outermost but for middlewares that only observe (metrics), so that every
+    other middleware's errors are mapped too.
+    """
+    try:
+        return await handler(request)
+    except MatrixError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # redirects and the like are answers, not errors
+        errcode, message = _HTTP_EXCEPTION_CODES.get(exc.status, (Codes.UNKNOWN, exc.reason))
+        return error_response(MatrixError(exc.status, errcode, message))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("internal error answering %s %s", request.method, request.path)
+        return error_response(MatrixError(500, Codes.UNKNOWN, "internal error"))
+
+
+def bearer_auth_middleware(
+    secret: str | None, open_prefixes: Sequence[str] = ()
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Refuse (401 ``M_UNAUTHORIZED``) requests without ``Authorization: Bearer <secret>``;
+    lets everything through when ``secret`` is None, and paths under ``open_prefixes``
+    (APIs with their own authentication). Compared in constant time."""
+    expected = None if secret is None else secret.encode()
+    open_paths = tuple(open_prefixes)
+
+    @web.middleware
+    async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected is not None and not request.path.startswith(open_paths):
+            header = request.headers.get("Authorization", "")
+            token = header[7:] if header.startswith("Bearer ") else ""
+            if not hmac.compare_digest(token.encode(errors="surrogateescape"), expected):
+                raise MatrixError(401, Codes.UNAUTHORIZED, "missing or wrong bearer token")
+        return await handler(request)
+
+    return bearer_auth
 
 
 def _int_param(request: web.Request, name: str, default: int | None = None) -> int:
@@ -67,8 +168,86 @@ def _int_param(request: web.Request, name: str, default: int | None = None) -> i
     return int(raw)
 
 
-SendEvent = Callable[[str, str, str, dict[str, Any], str | None], Awaitable[dict[str, Any]]]
+def _is_identifier(value: str) -> bool:
+    """An ID or event type we can store: 1..255 characters, none of them a control
+    character (NUL, for one, is refused by PostgreSQL text columns)."""
+    return 0 < len(value) <= 255 and value.isprintable()
+
+
+T = TypeVar("T")
+
+
+def _field(body: dict[str, Any], name: str, kind: type[T], *, optional: bool = False) -> T:
+    """``body[name]`` of JSON type ``kind`` (``None`` when optional and absent)."""
+    value = body.get(name)
+    if value is None:
+        if optional:
+            return None  # type: ignore[return-value]
+        raise MatrixError(400, Codes.MISSING_PARAM, f"{name} is required")
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise MatrixError(400, Codes.BAD_JSON, f"{name} must be a {kind.__name__}")
+    return value
+
+
+def _identifier_field(
+    body: dict[str, Any], name: str, *, sigil: str = "", optional: bool = False
+) -> str:
+    """A string field that is an ID or type (:func:`_is_identifier`), starting with
+    ``sigil``."""
+    value = _field(body, name, str, optional=optional)
+    if value is not None and (not _is_identifier(value) or not value.startswith(sigil)):
+        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} is not a valid ID: {value[:300]!r}")
+    return value
+
+
+SendEvent = Callable[
+    [str, str, str, dict[str, Any], str | None, str | None], Awaitable[dict[str, Any]]
+]
 CreateRoom = Callable[[str, str | None], Awaitable[str]]
+
+
+class ClientWrites(Protocol):
+    """The Client-Server API writes another process forwards to this one (performed
+    here, locally; the caller has authenticated the user and checked membership)."""
+
+    async def create_room(self, creator: str, request: dict[str, Any]) -> str: ...
+
+    async def put_account_data(
+        self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]
+    ) -> None: ...
+
+    async def put_receipt(
+        self, room_id: str, receipt_type: str, user_id: str, event_id: str, thread_id: str | None
+    ) -> None: ...
+
+    async def send_to_device(
+        self, sender: str, event_type: str, messages: dict[str, dict[str, Any]]
+    ) -> None: ...
+
+    async def set_typing(
+        self, room_id: str, user_id: str, typing: bool, timeout_ms: int
+    ) -> None: ...
+
+
+class ClientProtocolErrorFilter(logging.Filter):
+    """Drops aiohttp's log records for requests its HTTP parser refused (a bad method,
+    a malformed request line or header): aiohttp has already answered them ``400``, before
+    any roomstream code ran, so a traceback per garbage request would only let one bad
+    client flood the log. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, HttpProcessingError)
+
+
+_PROTOCOL_ERROR_FILTER = ClientProtocolErrorFilter()
+
+
+def quiet_client_protocol_errors() -> None:
+    """Install :class:`ClientProtocolErrorFilter` on aiohttp's server logger (idempotent)."""
+    server_logger = logging.getLogger("aiohttp.server")
+    if _PROTOCOL_ERROR_FILTER not in server_logger.filters:
+        server_logger.addFilter(_PROTOCOL_ERROR_FILTER)
 
 
 class InternalHttpServer:
@@ -87,6 +266,10 @@ class InternalHttpServer:
         create_room: CreateRoom | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
         client: InternalHttpClient | None = None,
+        metrics: Callable[[], bytes] | None = None,
+        extensions: Sequence[Callable[[web.Application], None]] = (),
+        open_prefixes: Sequence[str] = (),
+        client_writes: ClientWrites | None = None,
     ) -> None:
         self.config = config
         self._memory = dict(memory_streams or {})
@@ -94,19 +277,41 @@ class InternalHttpServer:
         self._create_room = create_room
         self._status = status
         self._client = client
+        self._client_writes = client_writes
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self.port: int | None = None
-        self.app = web.Application(middlewares=[self._middleware], client_max_size=MAX_BODY)
+        self.app = web.Application(
+            middlewares=[
+                http_metrics_middleware,
+                matrix_error_middleware,
+                bearer_auth_middleware(config.replication.shared_secret, open_prefixes),
+            ],
+            client_max_size=MAX_BODY,
+        )
+        if metrics is not None:
+            self.app.router.add_get("/metrics", self._metrics_route(metrics))
         self.app.router.add_get(PREFIX + "/health", self._health)
         self.app.router.add_get(PREFIX + "/streams/{stream}/updates", self._updates)
         self.app.router.add_post(PREFIX + "/rooms/{room_id}/send_event", self._send)
         self.app.router.add_post(PREFIX + "/create_room", self._create)
+        forwarded = PREFIX + "/client"
+        self.app.router.add_post(forwarded + "/create_room", self._client_create_room)
+        self.app.router.add_post(forwarded + "/account_data", self._client_account_data)
+        self.app.router.add_post(forwarded + "/receipt", self._client_receipt)
+        self.app.router.add_post(forwarded + "/to_device", self._client_to_device)
+        self.app.router.add_post(forwarded + "/typing", self._client_typing)
+        # Other APIs on the same listener (the Client-Server API) add their routes and
+        # middlewares here; ``open_prefixes`` are their paths, which the secret does not
+        # guard (they authenticate their own way).
+        for extend in extensions:
+            extend(self.app)
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         instance = self.config.instance()
         host = host or instance.host
         port = instance.http_port if port is None else port
+        quiet_client_protocol_errors()
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port or 0)
@@ -123,29 +328,6 @@ class InternalHttpServer:
 
     # -- plumbing -----------------------------------------------------------------------
 
-    @web.middleware
-    async def _middleware(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        secret = self.config.replication.shared_secret
-        if secret is not None:
-            header = request.headers.get("Authorization", "")
-            token = header[7:] if header.startswith("Bearer ") else ""
-            if not hmac.compare_digest(token.encode(), secret.encode()):
-                return _error(401, Codes.UNAUTHORIZED, "missing or wrong bearer token")
-        try:
-            return await handler(request)
-        except MatrixError as exc:
-            return _error(exc.http_status, exc.errcode, exc.message)
-        except web.HTTPException as exc:
-            if exc.status == 413:
-                return _error(413, Codes.TOO_LARGE, "request body too large")
-            if exc.status == 404:
-                return _error(404, Codes.UNRECOGNIZED, "unrecognized request")
-            if exc.status == 405:
-                return _error(405, Codes.UNRECOGNIZED, "method not allowed")
-            raise
-
     async def _json_body(self, request: web.Request) -> dict[str, Any]:
         raw = await request.read()
         try:
@@ -157,6 +339,17 @@ class InternalHttpServer:
         return body
 
     # -- routes -------------------------------------------------------------------------
+
+    @staticmethod
+    def _metrics_route(
+        render: Callable[[], bytes],
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def metrics(request: web.Request) -> web.Response:
+            response = web.Response(body=render())
+            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+            return response
+
+        return metrics
 
     async def _health(self, request: web.Request) -> web.Response:
         doc: dict[str, Any] = {"instance": self.config.instance_name, "status": "ok"}
@@ -184,32 +377,37 @@ class InternalHttpServer:
         try:
             updates, new_upto, limited = memory.get_updates(from_token, upto, limit)
         except StreamTooOldError as exc:
-            return _error(410, STREAM_TOO_OLD, str(exc))
+            raise MatrixError(410, STREAM_TOO_OLD, str(exc)) from None
         body = {"updates": [[t, r] for t, r in updates], "upto": new_upto, "limited": limited}
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     async def _send(self, request: web.Request) -> web.Response:
         room_id = request.match_info["room_id"]
-        if not room_id.startswith("!") or len(room_id) < 2 or len(room_id) > 255:
-            raise MatrixError(400, Codes.INVALID_PARAM, f"not a room ID: {room_id!r}")
+        if not room_id.startswith("!") or not _is_identifier(room_id):
+            raise MatrixError(400, Codes.INVALID_PARAM, f"not a room ID: {room_id[:300]!r}")
         body = await self._json_body(request)
         sender, event_type = body.get("sender"), body.get("type")
         content, state_key = body.get("content", {}), body.get("state_key")
         if not isinstance(sender, str) or not isinstance(event_type, str):
             raise MatrixError(400, Codes.MISSING_PARAM, "sender and type (strings) are required")
+        if not _is_identifier(sender) or not _is_identifier(event_type):
+            raise MatrixError(400, Codes.INVALID_PARAM, "sender and type must be printable IDs")
         if not isinstance(content, dict):
             raise MatrixError(400, Codes.BAD_JSON, "content must be an object")
         if state_key is not None and not isinstance(state_key, str):
             raise MatrixError(400, Codes.BAD_JSON, "state_key must be a string")
+        if state_key is not None and "\x00" in state_key:
+            raise MatrixError(400, Codes.INVALID_PARAM, "state_key must not contain NUL")
+        redacts = _identifier_field(body, "redacts", sigil="$", optional=True)
         owner = writer_for_room(room_id, self.config.writers_of("events"))
         if owner != self.config.instance_name or self._send_event is None:
             if request.headers.get(FORWARDED_HEADER) or self._client is None:
                 raise MatrixError(421, WRONG_WRITER, f"{room_id} is written by {owner}")
             result = await self._client.send_event(
-                room_id, sender, event_type, content, state_key, forwarded=True
+                room_id, sender, event_type, content, state_key, redacts=redacts, forwarded=True
             )
             return web.json_response(result)
-        result = await self._send_event(room_id, sender, event_type, content, state_key)
+        result = await self._send_event(room_id, sender, event_type, content, state_key, redacts)
         return web.json_response(result)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -222,6 +420,78 @@ class InternalHttpServer:
         room_id = await self._create_room(creator, name)
         return web.json_response({"room_id": room_id})
 
+    def _writes_for(self, stream_name: str) -> ClientWrites:
+        """The local writes, if this instance writes ``stream_name`` (421 otherwise: the
+        caller's configuration disagrees; no second hop)."""
+        writers = self.config.writers_of(stream_name)
+        if self._client_writes is None or self.config.instance_name not in writers:
+            raise MatrixError(
+                421,
+                WRONG_WRITER,
+                f"{self.config.instance_name} does not write {stream_name}"
+                f" (its writers: {', '.join(writers)})",
+            )
+        return self._client_writes
+
+    async def _client_create_room(self, request: web.Request) -> web.Response:
+        writes = self._writes_for("events")
+        body = await self._json_body(request)
+        creator = _identifier_field(body, "creator", sigil="@")
+        room_id = await writes.create_room(creator, _field(body, "request", dict))
+        return web.json_response({"room_id": room_id})
+
+    async def _client_account_data(self, request: web.Request) -> web.Response:
+        writes = self._writes_for("account_data")
+        body = await self._json_body(request)
+        await writes.put_account_data(
+            _identifier_field(body, "user_id", sigil="@"),
+            _identifier_field(body, "room_id", sigil="!", optional=True),
+            _identifier_field(body, "type"),
+            _field(body, "content", dict),
+        )
+        return web.json_response({})
+
+    async def _client_receipt(self, request: web.Request) -> web.Response:
+        writes = self._writes_for("receipts")
+        body = await self._json_body(request)
+        await writes.put_receipt(
+            _identifier_field(body, "room_id", sigil="!"),
+            _identifier_field(body, "receipt_type"),
+            _identifier_field(body, "user_id", sigil="@"),
+            _identifier_field(body, "event_id"),
+            _identifier_field(body, "thread_id", optional=True),
+        )
+        return web.json_response({})
+
+    async def _client_to_device(self, request: web.Request) -> web.Response:
+        writes = self._writes_for("to_device")
+        body = await self._json_body(request)
+        messages = _field(body, "messages", dict)
+        for user_id, by_device in messages.items():
+            if not _is_identifier(user_id) or not isinstance(by_device, dict):
+                raise MatrixError(400, Codes.BAD_JSON, "messages: user -> device -> object")
+            for device_id, content in by_device.items():
+                if not _is_identifier(device_id) or not isinstance(content, dict):
+                    raise MatrixError(400, Codes.BAD_JSON, "messages: user -> device -> object")
+        await writes.send_to_device(
+            _identifier_field(body, "sender", sigil="@"), _identifier_field(body, "type"), messages
+        )
+        return web.json_response({})
+
+    async def _client_typing(self, request: web.Request) -> web.Response:
+        writes = self._writes_for("typing")
+        body = await self._json_body(request)
+        timeout = _field(body, "timeout", int)
+        if not 0 <= timeout <= 2**53:
+            raise MatrixError(400, Codes.INVALID_PARAM, "timeout must be a non-negative integer")
+        await writes.set_typing(
+            _identifier_field(body, "room_id", sigil="!"),
+            _identifier_field(body, "user_id", sigil="@"),
+            _field(body, "typing", bool),
+            timeout,
+        )
+        return web.json_response({})
+
 
 class InternalHttpClient:
     """Calls other instances' internal HTTP APIs (with the bearer token if configured)."""
@@ -230,6 +500,7 @@ class InternalHttpClient:
         self.config = config
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._unreachable: set[str] = set()
 
     def _headers(self) -> dict[str, str]:
         secret = self.config.replication.shared_secret
@@ -253,25 +524,68 @@ class InternalHttpClient:
             await self._session.close()
 
     async def _call(
-        self, method: str, url: str, *, body: Any = None, headers: dict[str, str] | None = None
+        self,
+        instance_name: str,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> Any:
+        """One request to ``instance_name``; its JSON answer, or the error as a MatrixError.
+
+        An instance that cannot be reached (refused, reset, timed out) becomes a 503
+        ``ServiceUnavailableError``; that is logged once when the outage starts and once
+        when it ends, not per request. An answer of 5xx from the instance becomes 502, so
+        a forwarding instance never answers 500 for another one.
+        """
+        url = self.base_url(instance_name) + path
         all_headers = self._headers() | (headers or {})
         data = None if body is None else orjson.dumps(body)
         if data is not None:
             all_headers["Content-Type"] = "application/json"
-        async with self.session.request(method, url, data=data, headers=all_headers) as resp:
-            raw = await resp.read()
-            try:
-                payload = orjson.loads(raw) if raw else None
-            except orjson.JSONDecodeError:
-                payload = None
-            if resp.status >= 400:
-                if isinstance(payload, dict) and "errcode" in payload:
-                    if payload["errcode"] == STREAM_TOO_OLD:
-                        raise StreamTooOldHttpError(str(payload.get("error")))
-                    raise MatrixError(resp.status, payload["errcode"], str(payload.get("error")))
-                raise MatrixError(resp.status, Codes.UNKNOWN, f"HTTP {resp.status} from {url}")
+        try:
+            async with self.session.request(method, url, data=data, headers=all_headers) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+            if instance_name not in self._unreachable:
+                self._unreachable.add(instance_name)
+                logger.warning(
+                    "instance %s is unreachable (%s); answering 503 until it is back",
+                    instance_name,
+                    type(exc).__name__ if not str(exc) else exc,
+                )
+            raise ServiceUnavailableError(
+                f"{instance_name} is unreachable", retry_after_ms=RETRY_AFTER_MS
+            ) from None
+        if instance_name in self._unreachable:
+            self._unreachable.discard(instance_name)
+            logger.info("instance %s is reachable again", instance_name)
+        try:
+            payload = exactjson.loads(raw) if raw else None  # stream rows: integers exact
+        except (ValueError, RecursionError):
+            payload = None
+        if status < 400:
             return payload
+        if status == 503 and isinstance(payload, dict) and "errcode" in payload:
+            retry = payload.get("retry_after_ms")
+            raise ServiceUnavailableError(
+                str(payload.get("error")),
+                retry_after_ms=retry if isinstance(retry, int) else RETRY_AFTER_MS,
+            )
+        if status >= 500:
+            status = 502
+        if isinstance(payload, dict) and "errcode" in payload:
+            if payload["errcode"] == STREAM_TOO_OLD:
+                raise StreamTooOldHttpError(str(payload.get("error")))
+            raise MatrixError(status, str(payload["errcode"]), str(payload.get("error")))
+        raise MatrixError(status, Codes.UNKNOWN, f"HTTP {resp.status} from {instance_name}")
+
+    @property
+    def unreachable(self) -> frozenset[str]:
+        """Instances whose last request failed to reach them (an ongoing outage)."""
+        return frozenset(self._unreachable)
 
     async def send_event(
         self,
@@ -281,6 +595,7 @@ class InternalHttpClient:
         content: dict[str, Any],
         state_key: str | None = None,
         *,
+        redacts: str | None = None,
         forwarded: bool = False,
     ) -> dict[str, Any]:
         """Hand the event to the writer that owns the room; returns its JSON answer."""
@@ -288,33 +603,89 @@ class InternalHttpClient:
         body: dict[str, Any] = {"sender": sender, "type": event_type, "content": content}
         if state_key is not None:
             body["state_key"] = state_key
+        if redacts is not None:
+            body["redacts"] = redacts
         headers = {FORWARDED_HEADER: "1"} if forwarded else None
-        url = f"{self.base_url(owner)}/rooms/{room_id}/send_event"
-        result = await self._call("POST", url, body=body, headers=headers)
+        path = f"/rooms/{quote(room_id, safe='')}/send_event"
+        result = await self._call(owner, "POST", path, body=body, headers=headers)
         assert isinstance(result, dict)
         return result
 
     async def create_room(self, instance_name: str, creator: str, name: str | None = None) -> str:
         result = await self._call(
-            "POST",
-            f"{self.base_url(instance_name)}/create_room",
-            body={"creator": creator, "name": name},
+            instance_name, "POST", "/create_room", body={"creator": creator, "name": name}
         )
         return str(result["room_id"])
+
+    # -- Client-Server API writes, on the instance that writes their stream ------------
+
+    async def client_create_room(
+        self, instance_name: str, creator: str, request: dict[str, Any]
+    ) -> str:
+        """A whole ``createRoom`` request, carried out by the events writer
+        ``instance_name``; the new room's ID."""
+        body = {"creator": creator, "request": request}
+        result = await self._call(instance_name, "POST", "/client/create_room", body=body)
+        return str(result["room_id"])
+
+    async def client_put_account_data(
+        self,
+        instance_name: str,
+        user_id: str,
+        room_id: str | None,
+        data_type: str,
+        content: dict[str, Any],
+    ) -> None:
+        body = {"user_id": user_id, "room_id": room_id, "type": data_type, "content": content}
+        await self._call(instance_name, "POST", "/client/account_data", body=body)
+
+    async def client_put_receipt(
+        self,
+        instance_name: str,
+        room_id: str,
+        receipt_type: str,
+        user_id: str,
+        event_id: str,
+        thread_id: str | None,
+    ) -> None:
+        body = {
+            "room_id": room_id,
+            "receipt_type": receipt_type,
+            "user_id": user_id,
+            "event_id": event_id,
+            "thread_id": thread_id,
+        }
+        await self._call(instance_name, "POST", "/client/receipt", body=body)
+
+    async def client_send_to_device(
+        self,
+        instance_name: str,
+        sender: str,
+        event_type: str,
+        messages: dict[str, dict[str, Any]],
+    ) -> None:
+        body = {"sender": sender, "type": event_type, "messages": messages}
+        await self._call(instance_name, "POST", "/client/to_device", body=body)
+
+    async def client_set_typing(
+        self, instance_name: str, room_id: str, user_id: str, typing: bool, timeout_ms: int
+    ) -> None:
+        body = {"room_id": room_id, "user_id": user_id, "typing": typing, "timeout": timeout_ms}
+        await self._call(instance_name, "POST", "/client/typing", body=body)
 
     async def get_updates(
         self, instance_name: str, stream_name: str, from_token: int, upto_token: int, limit: int
     ) -> tuple[list[tuple[int, Any]], int, bool]:
         """An in-memory stream's rows from its writer (``get_updates`` contract)."""
-        url = (
-            f"{self.base_url(instance_name)}/streams/{stream_name}/updates"
+        path = (
+            f"/streams/{stream_name}/updates"
             f"?writer={instance_name}&from={from_token}&upto={upto_token}&limit={limit}"
         )
-        result = await self._call("GET", url)
+        result = await self._call(instance_name, "GET", path)
         updates = [(int(t), r) for t, r in result["updates"]]
         return updates, int(result["upto"]), bool(result["limited"])
 
     async def health(self, instance_name: str) -> dict[str, Any]:
-        result = await self._call("GET", f"{self.base_url(instance_name)}/health")
+        result = await self._call(instance_name, "GET", "/health")
         assert isinstance(result, dict)
         return result

@@ -11,13 +11,26 @@ process publishes ``REPLICATE`` (and its own positions, in case others missed th
 ignores rows of a stream until that stream's ``POSITION`` arrives, so a resubscribe after
 Redis dropped a slow subscriber catches up through ``get_updates``.
 
+``USER_IP`` goes on a second channel, ``<server_name>/USER_IP``, as in Synapse (which
+keeps that chatty command away from processes that do not store client IPs); a process
+subscribes to it when ``receive_user_ip`` is set.
+
+Lines: Synapse limits lines to 16 KiB on TCP only; over Redis it publishes lines of any
+length (a long account-data type or presence status makes RDATA lines of 24 KB, 120 KB).
+Here both directions accept lines up to ``MAX_REDIS_LINE_LENGTH`` (16 MiB), far above
+anything a stream row holds; a row beyond even that is announced by position instead
+(:func:`~roomstream.replication.writer.send_all`), so readers fetch it.
+
 Invariants:
 
-- commands this process publishes reach the channel in the order they were queued; a
+- commands this process publishes reach their channel in the order they were queued; a
   failed publish is retried (duplicates are harmless: readers drop tokens they have);
 - the publish queue holds at most ``max_outbound_lines`` lines before the broadcaster
   waits (it reads rows by position, so waiting delays announcements but loses nothing);
-- messages are handled strictly in order; a gap is filled before the next message.
+- messages are handled strictly in order; a gap is filled before the next message;
+- a message that does not parse is never skipped silently: it may have been a row, so the
+  process starts a new follower session (``REPLICATE``, then catch-up by position), as
+  after a resubscription.
 """
 
 from __future__ import annotations
@@ -33,12 +46,14 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from roomstream.errors import MatrixError
 from roomstream.replication.commands import (
     Command,
     PositionCommand,
     ProtocolError,
     RdataCommand,
     ReplicateCommand,
+    UserIpCommand,
     parse_line,
     serialize,
 )
@@ -48,19 +63,27 @@ from roomstream.replication.follower import (
     StreamFollower,
     fill_gap,
 )
-from roomstream.replication.writer import StreamBroadcaster
+from roomstream.replication.writer import StreamBroadcaster, send_all
 
-__all__ = ["RedisReplication", "channel_name"]
+__all__ = ["MAX_REDIS_LINE_LENGTH", "RedisReplication", "channel_name", "user_ip_channel_name"]
 
 logger = logging.getLogger(__name__)
 
 #: Lines published per pipeline round trip.
 PUBLISH_BATCH = 1000
+#: Longest line (bytes, without a newline) published or accepted over Redis. Synapse has
+#: no limit there; this one only guards memory against a broken or hostile peer.
+MAX_REDIS_LINE_LENGTH = 16 * 1024 * 1024
 
 
 def channel_name(server_name: str) -> str:
     """The pub/sub channel of a homeserver: its server name, as Synapse names it."""
     return server_name
+
+
+def user_ip_channel_name(server_name: str) -> str:
+    """The channel ``USER_IP`` travels on: ``<server_name>/USER_IP``, as in Synapse."""
+    return f"{channel_name(server_name)}/USER_IP"
 
 
 class RedisReplication:
@@ -84,12 +107,17 @@ class RedisReplication:
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         fetch_limit: int = 1000,
+        receive_user_ip: bool = True,
+        max_line_length: int = MAX_REDIS_LINE_LENGTH,
     ) -> None:
         if follower is not None and fetch is None:
             raise ValueError("a follower needs a fetch function")
         self.server_name = server_name
         self.instance_name = instance_name
         self.channel = channel_name(server_name)
+        self.user_ip_channel = user_ip_channel_name(server_name)
+        self.receive_user_ip = receive_user_ip
+        self.max_line_length = max_line_length
         self._connect_kwargs: dict[str, Any] = {"host": host, "port": port, "db": db}
         self._url = url
         self.follower = follower
@@ -101,7 +129,7 @@ class RedisReplication:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self.fetch_limit = fetch_limit
-        self._queue: deque[bytes] = deque()
+        self._queue: deque[tuple[str, bytes]] = deque()  # (channel, line without \n)
         self._wake = asyncio.Event()
         self._space = asyncio.Event()
         self._space.set()
@@ -112,6 +140,8 @@ class RedisReplication:
         self.subscribed = asyncio.Event()
         self.positioned = asyncio.Event()
         self.subscriptions = 0
+        #: Messages that did not parse (each one started a new session and catch-up).
+        self.unparseable = 0
         self.session: FollowerSession | None = None
 
     def _client(self) -> aioredis.Redis:
@@ -129,7 +159,11 @@ class RedisReplication:
         self._tasks.append(asyncio.create_task(self._subscribe_loop(), name="redis-subscribe"))
 
     async def stop(self) -> None:
+        # The flag (and the wake-up) end the loops even when a cancellation is lost: a
+        # CancelledError delivered inside a redis-py call can come back as a RedisError,
+        # which the publish loop retries (a test teardown hung on it).
         self._stopping = True
+        self._wake.set()
         if self.broadcaster is not None:
             self.broadcaster.remove_outbound(self)
         for task in self._tasks:
@@ -150,16 +184,20 @@ class RedisReplication:
 
     # -- publishing (Outbound) ----------------------------------------------------------
 
+    def _enqueue(self, cmd: Command) -> None:
+        line = serialize(cmd, max_line_length=self.max_line_length)[:-1]
+        channel = self.user_ip_channel if type(cmd) is UserIpCommand else self.channel
+        self._queue.append((channel, line))
+
     def send(self, cmd: Command) -> None:
-        """Queue one command for the channel."""
-        self._queue.append(serialize(cmd)[:-1])
+        """Queue one command for its channel."""
+        self._enqueue(cmd)
         self._wake.set()
         if len(self._queue) >= self.max_outbound_lines:
             self._space.clear()
 
     def send_commands(self, commands: Sequence[Command]) -> None:
-        for cmd in commands:
-            self._queue.append(serialize(cmd)[:-1])
+        send_all(commands, self._enqueue)
         self._wake.set()
         if len(self._queue) >= self.max_outbound_lines:
             self._space.clear()
@@ -175,10 +213,10 @@ class RedisReplication:
 
     async def _publish_loop(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
+            while self._queue and not self._stopping:
                 batch = [self._queue[i] for i in range(min(PUBLISH_BATCH, len(self._queue)))]
                 try:
                     await self._publish(batch)
@@ -194,14 +232,14 @@ class RedisReplication:
                 if len(self._queue) < self.max_outbound_lines:
                     self._space.set()
 
-    async def _publish(self, batch: list[bytes]) -> None:
+    async def _publish(self, batch: list[tuple[str, bytes]]) -> None:
         assert self._publisher is not None
         if len(batch) == 1:
-            await self._publisher.publish(self.channel, batch[0])
+            await self._publisher.publish(*batch[0])
             return
         pipe = self._publisher.pipeline(transaction=False)
-        for line in batch:
-            pipe.publish(self.channel, line)
+        for channel, line in batch:
+            pipe.publish(channel, line)
         await pipe.execute()
 
     def _delay(self, failures: int) -> float:
@@ -219,6 +257,8 @@ class RedisReplication:
                 raise
             except (RedisError, OSError) as exc:
                 logger.info("redis subscription lost: %s", exc)
+            except MatrixError as exc:  # a catch-up fetch over HTTP failed (writer down)
+                logger.warning("redis: catching up failed (%s); resubscribing", exc)
             except Exception:
                 logger.exception("redis subscription failed")
             finally:
@@ -233,11 +273,19 @@ class RedisReplication:
         client = self._subscriber = self._client()
         try:
             pubsub = client.pubsub()
-            await pubsub.subscribe(self.channel)
+            channels = [self.channel]
+            if self.receive_user_ip:
+                channels.append(self.user_ip_channel)
+            await pubsub.subscribe(*channels)
             async for message in pubsub.listen():
                 kind = message.get("type")
                 if kind == "subscribe":
-                    self._on_subscribed()
+                    # Only once every channel is confirmed (the confirmation carries the
+                    # number of channels subscribed; redis-py resubscribes them all after
+                    # a reconnect): REPLICATE's answers must not be missed, and Synapse
+                    # waits for its SUBSCRIBE the same way.
+                    if message.get("data") == len(channels):
+                        self._on_subscribed()
                 elif kind == "message":
                     await self._on_message(message["data"])
         finally:
@@ -253,11 +301,26 @@ class RedisReplication:
             # Others may have missed our positions while we were away.
             self.send_commands(self.broadcaster.positions())
 
+    def _resync(self, reason: str) -> None:
+        """A message did not parse. It may have been a row: start a new follower session
+        and ask for positions, so any row it held is fetched by the gap rule."""
+        self.unparseable += 1
+        logger.warning(
+            "redis: a message did not parse (%s); catching up from positions in case it was a row",
+            reason,
+        )
+        if self.session is not None:
+            self.session.closed = True
+        self.session = self.follower.new_session() if self.follower is not None else None
+        self.send(ReplicateCommand())
+
     async def _on_message(self, data: bytes | str) -> None:
+        if not data.strip():
+            return  # blank, as Synapse ignores them too
         try:
-            cmd = parse_line(data)
+            cmd = parse_line(data, max_line_length=self.max_line_length)
         except ProtocolError as exc:
-            logger.warning("redis: dropping unparseable line: %s", exc.reason)
+            self._resync(exc.reason)
             return
         cls = type(cmd)
         session = self.session

@@ -10,12 +10,26 @@ Topology: every writer instance runs a :class:`ReplicationServer`; a reader runs
 
 Server invariants:
 
-- at most ``max_outbound_lines`` lines (measured against the transport's write buffer) are
-  ever queued for one connection; past that the connection is closed with
-  ``ERROR congestion ...`` and its buffer discarded, so a slow reader never grows memory
-  and other connections are not held back;
+- what is queued in this process for one connection (the asyncio transport's write
+  buffer, not the kernel's socket buffer) stays within ``max_outbound_lines`` lines and
+  ``max_outbound_bytes`` bytes, give or take the one page being written; past either the
+  connection is closed with ``ERROR congestion ...`` and its buffer discarded, so a
+  reader that never reads costs bounded memory and does not hold back the others;
+- a row whose line is over the 16 KiB limit is announced by ``POSITION`` instead, so the
+  reader fetches it (:func:`~roomstream.replication.writer.send_all`);
 - bad input on one connection (unknown command, malformed or over-long line, a command the
   client may not send, a wrong secret) ends that connection only, after an ``ERROR``.
+
+Replay (the older protocol revision, a roomstream extension to the current one): a client
+that sends ``REPLICATE <stream_name> <token>`` (``ALL`` for every stream this instance
+writes; ``NOW`` for "from the current position") gets every row of that stream after the
+token, then ``POSITION s me p p`` when it has caught up to ``p``, then the live rows; from
+the first such command on, the connection carries only the streams asked for. Invariant:
+each row after the token is sent exactly once and in token order. The replay reads pages
+from the database while live pages of that stream are withheld from the connection; it
+joins the live feed at exactly the position the live sender has reached (checked with no
+``await`` in between), and drops live rows at or below the client's token. Replay pages
+wait for the write buffer to drain, so a replay is not itself a congestion.
 
 Authentication (a roomstream extension, off unless ``shared_secret`` is set): the client's
 first line is ``AUTH <secret>``; the server compares it in constant time and says nothing
@@ -40,12 +54,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from roomstream.errors import MatrixError
 from roomstream.replication.commands import (
     DEFAULT_MAX_LINE_LENGTH,
     Command,
     ErrorCommand,
     PositionCommand,
     RdataCommand,
+    ReplicateStreamCommand,
 )
 from roomstream.replication.connection import (
     DEFAULT_PING_INTERVAL,
@@ -53,7 +69,8 @@ from roomstream.replication.connection import (
     ReplicationConnection,
 )
 from roomstream.replication.follower import FetchUpdates, FollowerSession, StreamFollower, fill_gap
-from roomstream.replication.writer import StreamBroadcaster
+from roomstream.replication.writer import StreamBroadcaster, send_all, updates_to_commands
+from roomstream.streams import StreamTooOldError
 
 __all__ = ["ReplicationClient", "ReplicationServer", "TcpSettings"]
 
@@ -61,6 +78,9 @@ logger = logging.getLogger(__name__)
 
 #: Longest ``AUTH`` line accepted before the connection is refused.
 MAX_AUTH_LINE = 1024
+#: Rows per database read when replaying a stream (``REPLICATE <stream> <token>``); small
+#: enough that a page of the longest lines stays far below ``max_outbound_bytes``.
+REPLAY_PAGE_ROWS = 100
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,8 @@ class TcpSettings:
     ping_interval: float = DEFAULT_PING_INTERVAL
     timeout: float = DEFAULT_TIMEOUT
     max_outbound_lines: int = 10_000
+    #: Bytes queued in this process for one connection before it is dropped (congestion).
+    max_outbound_bytes: int = 8 * 1024 * 1024
     shared_secret: str | None = None
     max_line_length: int = DEFAULT_MAX_LINE_LENGTH
     #: Seconds a closing connection may take to flush its ERROR before it is aborted.
@@ -159,6 +181,13 @@ class _ServerProtocol(asyncio.Protocol):
         self._abort_handle: asyncio.TimerHandle | None = None
         self.peer: str = "?"
         self.closed = False
+        #: None: every stream is sent live (the current protocol). Otherwise the streams
+        #: this client replicates (legacy REPLICATE) that are live, with the token at or
+        #: below which live rows are dropped; streams still replaying are absent.
+        self._live: dict[str, int] | None = None
+        self._replays: dict[str, asyncio.Task[None]] = {}
+        self._writable = asyncio.Event()
+        self._writable.set()
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -171,8 +200,10 @@ class _ServerProtocol(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if buffer is not None and sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
-        # Keep the asyncio buffer accounting exact: we never want pause_writing games.
-        transport.set_write_buffer_limits(high=2**62)
+        # The transport buffers whatever we write (the congestion check bounds it); its
+        # pause/resume_writing calls only tell replays when to wait for the peer.
+        high = max(1, self._server.settings.max_outbound_bytes // 4)
+        transport.set_write_buffer_limits(high=high, low=high // 2)
         self._server._connections.add(self)
         if self._authenticated:
             self._start()
@@ -198,8 +229,17 @@ class _ServerProtocol(asyncio.Protocol):
             return
         self._timer.arm(self.conn.next_deadline())
 
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._writable.set()
+        for task in self._replays.values():
+            task.cancel()
         self.conn.connection_lost()
         self._timer.cancel()
         if self._abort_handle is not None:
@@ -267,7 +307,9 @@ class _ServerProtocol(asyncio.Protocol):
 
     def _handle(self, cmd: Command, now: float) -> None:
         name = cmd.NAME
-        if name == "REPLICATE":
+        if type(cmd) is ReplicateStreamCommand:
+            self._replicate_stream(cmd, now)
+        elif name == "REPLICATE":
             for position in self._server.broadcaster.positions():
                 self.conn.send(position, now)
         elif name == "ERROR":
@@ -278,15 +320,119 @@ class _ServerProtocol(asyncio.Protocol):
             if callback is not None:
                 callback(cmd)
 
+    # -- replay (REPLICATE <stream> <token>) ---------------------------------------------
+
+    def _replicate_stream(self, cmd: ReplicateStreamCommand, now: float) -> None:
+        broadcaster = self._server.broadcaster
+        written = broadcaster.stream_names
+        if cmd.stream_name == "ALL":
+            names = written
+        elif cmd.stream_name in written:
+            names = [cmd.stream_name]
+        else:
+            served = ", ".join(written) or "none"
+            self.conn.close(
+                now, f"unknown stream {cmd.stream_name!r}: this instance writes {served}"
+            )
+            return
+        if self._live is None:
+            self._live = {}  # from now on: only the streams asked for
+        for name in names:
+            self._live.pop(name, None)
+            previous = self._replays.pop(name, None)
+            if previous is not None:
+                previous.cancel()
+            self._replays[name] = self._loop.create_task(
+                self._replay(name, cmd.token), name=f"replication-replay-{name}-{self.peer}"
+            )
+
+    async def _replay(self, name: str, token: int | None) -> None:
+        broadcaster = self._server.broadcaster
+        me = broadcaster.instance_name
+        from_token = broadcaster.last_sent(name) if token is None else token
+        try:
+            while not self.closed:
+                target = broadcaster.last_sent(name)
+                if from_token >= target:
+                    break
+                updates, new_upto, _ = await broadcaster.fetch_page(
+                    name, from_token, target, REPLAY_PAGE_ROWS
+                )
+                if self.is_closed():  # (a method: mypy would keep the loop's narrowing)
+                    return
+                new_upto = min(new_upto, target)
+                self._send(updates_to_commands(name, me, updates, from_token, new_upto))
+                from_token = new_upto
+                await self._writable.wait()
+        except StreamTooOldError:
+            self._fail(f"{name} rows after {from_token} are gone; ask from NOW")
+            return
+        except Exception:
+            logger.exception("replaying %s to %s failed", name, self.peer)
+            self._fail(f"replaying {name} failed")
+            return
+        finally:
+            if self._replays.get(name) is asyncio.current_task():
+                del self._replays[name]
+        if self.closed or self._live is None:
+            return
+        # No await since the loop's check: the live sender is at last_sent and its next
+        # page starts there, so joining now skips and repeats nothing.
+        position = broadcaster.last_sent(name)
+        self._live[name] = from_token
+        self._send([PositionCommand(name, me, position, position)])
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+    def _fail(self, reason: str) -> None:
+        if not self.closed:
+            self.conn.close(self._loop.time(), reason)
+            self._flush()
+            self._close()
+
+    def _live_only(self, commands: Sequence[Command]) -> Sequence[Command]:
+        """The part of a live page this client should get (legacy REPLICATE mode)."""
+        assert self._live is not None
+        first = commands[0] if commands else None
+        if type(first) is RdataCommand or type(first) is PositionCommand:
+            floor = self._live.get(first.stream_name)
+        else:
+            floor = None
+        if floor is None:
+            return ()  # not asked for, or still replaying (the replay covers it)
+        out: list[Command] = []
+        batch: list[Command] = []
+        for cmd in commands:
+            if type(cmd) is RdataCommand:
+                if cmd.token is None:
+                    batch.append(cmd)
+                    continue
+                if cmd.token > floor:
+                    out.extend(batch)
+                    out.append(cmd)
+                batch = []
+            elif type(cmd) is PositionCommand and cmd.new_token > floor:
+                out.append(cmd)
+        return out
+
     # -- Outbound -----------------------------------------------------------------------
 
     def send_commands(self, commands: Sequence[Command]) -> None:
         if self.closed:
             return
+        if self._live is not None:
+            commands = self._live_only(commands)
+            if not commands:
+                return
+        self._send(commands)
+
+    def _send(self, commands: Sequence[Command]) -> None:
+        if self.closed:
+            return
         now = self._loop.time()
         send = self.conn.send
-        for cmd in commands:
-            send(cmd, now)
+        send_all(commands, lambda cmd: send(cmd, now))
         self._flush(len(commands))
 
     async def drain(self) -> None:
@@ -302,20 +448,30 @@ class _ServerProtocol(asyncio.Protocol):
         transport.write(data)
         accounting = self._accounting
         accounting.wrote(len(data), lines)
-        limit = self._server.settings.max_outbound_lines
-        queued = accounting.queued_lines(transport.get_write_buffer_size())
-        if queued > limit:
-            self._server.congestion_drops += 1
-            logger.warning(
-                "replication client %s (%s) congestion: %d lines queued, limit %d; dropping it",
-                self.peer,
-                self.conn.peer_name,
-                queued,
-                limit,
-            )
-            self.conn.close(self._loop.time(), f"congestion: more than {limit} lines queued")
-            transport.write(self.conn.data_to_send())
-            self._close(abort=True)
+        settings = self._server.settings
+        queued_bytes = transport.get_write_buffer_size()
+        queued = accounting.queued_lines(queued_bytes)
+        server = self._server
+        if queued_bytes > server.peak_queued_bytes:
+            server.peak_queued_bytes = queued_bytes
+        if queued > settings.max_outbound_lines:
+            reason = f"congestion: more than {settings.max_outbound_lines} lines queued"
+        elif queued_bytes > settings.max_outbound_bytes:
+            reason = f"congestion: more than {settings.max_outbound_bytes} bytes queued"
+        else:
+            return
+        server.congestion_drops += 1
+        logger.warning(
+            "replication client %s (%s) %s (%d lines, %d bytes); dropping it",
+            self.peer,
+            self.conn.peer_name,
+            reason,
+            queued,
+            queued_bytes,
+        )
+        self.conn.close(self._loop.time(), reason)
+        transport.write(self.conn.data_to_send())
+        self._close(abort=True)
 
     def _on_timer(self) -> None:
         if self.closed:
@@ -336,6 +492,10 @@ class _ServerProtocol(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self._writable.set()
+        for task in self._replays.values():
+            if task is not asyncio.current_task():
+                task.cancel()
         self._timer.cancel()
         self._server.broadcaster.remove_outbound(self)
         transport = self._transport
@@ -379,6 +539,8 @@ class ReplicationServer:
         self._connections: set[_ServerProtocol] = set()
         self.congestion_drops = 0
         self.auth_failures = 0
+        #: Most bytes ever queued in this process for one connection (for tests, metrics).
+        self.peak_queued_bytes = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on ``host:port`` (0: any free port); returns the port."""
@@ -492,6 +654,15 @@ class _ClientProtocol(asyncio.Protocol):
             await work
         except asyncio.CancelledError:
             raise
+        except MatrixError as exc:
+            # The writer's HTTP API said no or is down (503): expected, no traceback.
+            logger.warning(
+                "replication: catching up from %s failed (%s); reconnecting",
+                self._client.address,
+                exc,
+            )
+            self._close()
+            return
         except Exception:
             logger.exception("replication: catching up from %s failed", self._client.address)
             self._close()

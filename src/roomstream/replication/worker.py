@@ -11,7 +11,9 @@
   own;
 - the transport from the configuration: TCP (a server when it writes anything and has a
   ``replication_port``; a client per other writer instance with one) or Redis;
-- the internal HTTP API (health, in-memory stream updates, send_event) on ``http_port``.
+- the internal HTTP API (health, in-memory stream updates, send_event, the client writes
+  other processes forward) on ``http_port``, and on the same listener the Matrix
+  Client-Server API (:mod:`roomstream.client`).
 
 Run it with :func:`run_instance` (what ``roomstream run`` should call) or
 ``python -m roomstream.replication.worker -c CONFIG --instance NAME [--record FILE]``.
@@ -28,16 +30,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 from rich.console import Console
 
+from roomstream import metrics
 from roomstream.caches import STATE_CACHE_GROUP, CacheGroup, CacheRegistry
 from roomstream.config import Config, ConfigError, load_config
 from roomstream.replication.follower import StreamFollower
@@ -51,12 +55,21 @@ from roomstream.replication.tcp import ReplicationClient, ReplicationServer, Tcp
 from roomstream.replication.writer import StreamBroadcaster
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
+from roomstream.storage import DatabaseUnavailableError
 from roomstream.streams import STREAMS, InMemoryStream
 from roomstream.streams.registry import Update
+
+if TYPE_CHECKING:
+    from roomstream.client import ClientProcess
 
 __all__ = ["ReplicationNode", "main", "run_instance"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds ``run_instance`` waits for replication before saying it is degraded.
+READY_WAIT = 5.0
+#: Seconds between checks of the replication links (for the WARNING on an outage).
+HEALTH_CHECK_INTERVAL = 1.0
 
 
 class _Recorder:
@@ -126,6 +139,7 @@ class ReplicationNode:
         self.settings = TcpSettings(
             timeout=config.replication.ping_timeout,
             max_outbound_lines=config.replication.max_outbound_lines,
+            max_outbound_bytes=config.replication.max_outbound_bytes,
             shared_secret=config.replication.shared_secret,
             socket_buffer=socket_buffer,
         )
@@ -133,7 +147,11 @@ class ReplicationNode:
         self.clients: list[ReplicationClient] = []
         self.redis: RedisReplication | None = None
         self.http: InternalHttpServer | None = None
+        #: The Client-Server API served on the HTTP listener (None without http_port).
+        self.client: ClientProcess | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._metrics = metrics.instance_registry(self)
 
     # -- FollowerCallbacks --------------------------------------------------------------
 
@@ -141,6 +159,8 @@ class ReplicationNode:
         if stream_name == "caches":
             for row in rows:
                 self.caches.apply_row(row)
+        if self.client is not None:
+            self.client.on_replicated_rows(stream_name, writer, token, rows)
         recorder = self._recorder
         if recorder._file is not None:
             for row in rows:
@@ -149,6 +169,8 @@ class ReplicationNode:
                 )
 
     def advanced(self, stream_name: str, writer: str, token: int) -> None:
+        if self.client is not None:
+            self.client.on_replicated_position(stream_name, writer, token)
         streams = self.engine.streams
         if stream_name not in streams:
             return
@@ -231,9 +253,16 @@ class ReplicationNode:
             )
             await self.redis.start()
         else:
-            if self.broadcaster.stream_names and me.replication_port is not None:
-                self.server = ReplicationServer(config.server_name, self.broadcaster, self.settings)
-                port = await self.server.start(me.host, me.replication_port)
+            replication_port = me.replication_port
+            if self.broadcaster.stream_names and replication_port is not None:
+                self.server = server = ReplicationServer(
+                    config.server_name, self.broadcaster, self.settings
+                )
+                port = await self._listen(
+                    "replication_port",
+                    replication_port,
+                    lambda: server.start(me.host, replication_port),
+                )
                 logger.info("replication listening on %s:%d", me.host, port)
             for name in self._followed_writer_instances():
                 instance = config.instances.get(name)
@@ -254,6 +283,16 @@ class ReplicationNode:
                 self.clients.append(client)
         if me.http_port is not None:
             events_writer = self.instance_name in config.writers_of("events")
+            from roomstream.client import build_client_api  # composes above replication
+            from roomstream.client.server import MATRIX_PREFIX
+
+            self.client = build_client_api(
+                config,
+                self.engine,
+                self.http_client,
+                typing_stream=self.memory.get("typing"),
+                announce=self.broadcaster.notify,
+            )
             self.http = InternalHttpServer(
                 config,
                 memory_streams=self.memory,
@@ -261,10 +300,28 @@ class ReplicationNode:
                 create_room=self._create_room if events_writer else None,
                 status=self.status,
                 client=self.http_client,
+                metrics=lambda: metrics.render(self._metrics),
+                extensions=[self.client.api.install],
+                open_prefixes=[MATRIX_PREFIX],
+                client_writes=self.client.forwarded,
             )
-            port = await self.http.start()
+            http = self.http
+            port = await self._listen("http_port", me.http_port, http.start)
             logger.info("internal HTTP listening on %s:%d", me.host, port)
         self._flusher = asyncio.create_task(self._flush_loop())
+        self._watcher = asyncio.create_task(self._watch_replication())
+
+    async def _listen(self, key: str, port: int, start: Callable[[], Awaitable[int]]) -> int:
+        """Start a listener; a port that cannot be bound is a configuration error naming
+        the key (one line, instead of a traceback)."""
+        try:
+            return await start()
+        except OSError as exc:
+            host = self.config.instance().host
+            where = f"instances.{self.instance_name}.{key}"
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"{where}: port {port} on {host} is already in use") from None
+            raise ConfigError(f"{where}: cannot listen on {host}:{port}: {exc.strerror}") from None
 
     async def _flush_loop(self) -> None:
         while True:
@@ -277,8 +334,9 @@ class ReplicationNode:
             await self.engine.streams.flush()
         except Exception:
             logger.exception("storing positions at shutdown failed")
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for task in (self._flusher, self._watcher):
+            if task is not None:
+                task.cancel()
         for client in self.clients:
             await client.stop()
         if self.redis is not None:
@@ -288,6 +346,8 @@ class ReplicationNode:
         await self.broadcaster.stop()
         if self.http is not None:
             await self.http.close()
+        if self.client is not None:
+            self.client.close()
         await self.http_client.close()
         for task in list(self._storing.values()):
             with contextlib.suppress(Exception):
@@ -303,9 +363,10 @@ class ReplicationNode:
         event_type: str,
         content: dict[str, Any],
         state_key: str | None,
+        redacts: str | None,
     ) -> dict[str, Any]:
         created = await self.engine.creator.create_event(
-            room_id, sender, event_type, content, state_key=state_key
+            room_id, sender, event_type, content, state_key=state_key, redacts=redacts
         )
         return {"event_id": created.event.event_id, "stream_ordering": created.stream_ordering}
 
@@ -321,9 +382,60 @@ class ReplicationNode:
         self.broadcaster.notify("typing")
         return token
 
+    def replication_problems(self) -> list[str]:
+        """Why replication is degraded right now: one line per link that is down."""
+        problems = []
+        if self.redis is not None and not self.redis.subscribed.is_set():
+            redis = self.config.redis
+            problems.append(f"not subscribed to redis at {redis.host}:{redis.port}")
+        for client in self.clients:
+            if not client.connected.is_set():
+                problems.append(f"not connected to the replication server at {client.address}")
+        return problems
+
+    async def replicating(self) -> None:
+        """Return once every replication link is up (at that moment)."""
+        while self.replication_problems():
+            waits = [c.connected.wait() for c in self.clients]
+            if self.redis is not None:
+                waits.append(self.redis.subscribed.wait())
+            await asyncio.gather(*waits)
+
+    async def _watch_replication(self) -> None:
+        """Log at WARNING when a link goes down (once per outage), INFO when it is back.
+
+        Links still coming up at start-up get ``READY_WAIT`` seconds before they count."""
+        reported: set[str] = set()
+        await asyncio.sleep(READY_WAIT)
+        while True:
+            problems = set(self.replication_problems())
+            for problem in sorted(problems - reported):
+                logger.warning("replication degraded: %s", problem)
+            for problem in sorted(reported - problems):
+                logger.info("replication restored: no longer %s", problem.removeprefix("not "))
+            reported = problems
+            await asyncio.sleep(HEALTH_CHECK_INTERVAL)
+
+    def metrics_snapshot(self) -> metrics.InstanceSnapshot:
+        streams = self.engine.streams
+        return metrics.InstanceSnapshot(
+            instance=self.instance_name,
+            positions={n: streams.generator(n).get_positions() for n in streams.names},
+            linear={n: streams.generator(n).get_linear_position() for n in streams.names},
+            connections={
+                "server": self.server.connection_count if self.server is not None else 0,
+                "client": sum(c.connected.is_set() for c in self.clients),
+                "redis": int(self.redis is not None and self.redis.subscribed.is_set()),
+            },
+            lag=self.follower.lag(),
+        )
+
     def status(self) -> dict[str, Any]:
         streams = self.engine.streams
+        problems = self.replication_problems()
         return {
+            "status": "degraded" if problems else "ok",
+            "problems": problems,
             "positions": self.follower.positions(),
             "linear": {n: streams.generator(n).get_linear_position() for n in streams.names},
             "written": {n: self.broadcaster.stored_token(n) for n in self.broadcaster.stream_names},
@@ -355,6 +467,31 @@ class ReplicationNode:
         }
 
 
+async def _announce_ready(node: ReplicationNode, console: Console) -> None:
+    """Say "ready" once replication is up; if it is not within ``READY_WAIT`` seconds,
+    say it is degraded and why (and "ready" later, when it comes up)."""
+    config = node.config
+    try:
+        await asyncio.wait_for(node.replicating(), READY_WAIT)
+    except TimeoutError:
+        problems = "; ".join(node.replication_problems())
+        console.print(
+            f"roomstream instance {config.instance_name} started, replication degraded: "
+            f"{problems} (retrying; see /health)",
+            markup=False,
+            highlight=False,
+        )
+        await node.replicating()
+    console.print(
+        f"roomstream instance {config.instance_name} ready "
+        f"(transport {config.replication.transport}, "
+        f"replication port {node.server.port if node.server else '-'}, "
+        f"http port {node.http.port if node.http else '-'})",
+        markup=False,
+        highlight=False,
+    )
+
+
 async def run_instance(
     config: Config,
     console: Console,
@@ -373,18 +510,14 @@ async def run_instance(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
+    announcer: asyncio.Task[None] | None = None
     try:
         await node.start()
-        console.print(
-            f"roomstream instance {config.instance_name} ready "
-            f"(transport {config.replication.transport}, "
-            f"replication port {node.server.port if node.server else '-'}, "
-            f"http port {node.http.port if node.http else '-'})",
-            markup=False,
-            highlight=False,
-        )
+        announcer = asyncio.create_task(_announce_ready(node, console))
         await stop.wait()
     finally:
+        if announcer is not None:
+            announcer.cancel()
         for sig in installed:
             loop.remove_signal_handler(sig)
         await node.stop()
@@ -410,15 +543,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = load_config(args.config).with_instance(args.instance)
+        if args.record:
+            Path(args.record).parent.mkdir(parents=True, exist_ok=True)
+        console = Console(file=sys.stdout, force_terminal=False, width=200)
+        return asyncio.run(
+            run_instance(config, console, record_path=args.record, socket_buffer=args.socket_buffer)
+        )
     except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"configuration error: {problem}", file=sys.stderr)
         return 2
-    if args.record:
-        Path(args.record).parent.mkdir(parents=True, exist_ok=True)
-    console = Console(file=sys.stdout, force_terminal=False, width=200)
-    return asyncio.run(
-        run_instance(config, console, record_path=args.record, socket_buffer=args.socket_buffer)
-    )
+    except DatabaseUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -31,15 +31,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from roomstream.replication.commands import Command, PositionCommand, RdataCommand
+from roomstream.replication.commands import (
+    Command,
+    LineTooLongError,
+    PositionCommand,
+    RdataCommand,
+)
 from roomstream.streams import STREAMS, InMemoryStream, StreamSet
 from roomstream.streams.registry import Update
 
-__all__ = ["Outbound", "StreamBroadcaster", "updates_to_commands"]
+__all__ = ["Outbound", "StreamBroadcaster", "send_all", "updates_to_commands"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +77,46 @@ def updates_to_commands(
     if new_upto > last:
         commands.append(PositionCommand(stream_name, writer, last, new_upto))
     return commands
+
+
+def send_all(commands: Sequence[Command], send: Callable[[Command], object]) -> int:
+    """``send`` every command in order, never losing a row to the line-length limit.
+
+    An RDATA whose line is too long for the transport (``send`` raises
+    ``LineTooLongError``) is not sent; neither are the remaining rows of its token. In
+    their place goes ``POSITION s w t t``: a reader that has not processed token ``t``
+    sees ``prev`` beyond its position and fetches the token out of band (and drops the
+    token's batch rows it already holds). Returns the number of tokens so replaced.
+    """
+    replaced = 0
+    skipping = False
+    for cmd in commands:
+        if skipping:
+            if type(cmd) is RdataCommand:
+                if cmd.token is None:
+                    continue
+                send(PositionCommand(cmd.stream_name, cmd.instance_name, cmd.token, cmd.token))
+                skipping = False
+                continue
+            skipping = False  # a writer never ends a page inside a token; be safe
+        try:
+            send(cmd)
+        except LineTooLongError as exc:
+            if type(cmd) is not RdataCommand:
+                raise
+            replaced += 1
+            logger.warning(
+                "%s row at %s of %s not sent (%s): readers fetch it instead",
+                cmd.stream_name,
+                "the next token" if cmd.token is None else f"token {cmd.token}",
+                cmd.instance_name,
+                exc,
+            )
+            if cmd.token is None:
+                skipping = True
+            else:
+                send(PositionCommand(cmd.stream_name, cmd.instance_name, cmd.token, cmd.token))
+    return replaced
 
 
 @dataclass
@@ -226,9 +271,15 @@ class StreamBroadcaster:
                 await outbound.drain()
 
     async def _fetch(self, name: str, from_token: int, upto: int) -> tuple[list[Update], int, bool]:
+        return await self.fetch_page(name, from_token, upto, self._page_limit)
+
+    async def fetch_page(
+        self, name: str, from_token: int, upto: int, limit: int
+    ) -> tuple[list[Update], int, bool]:
+        """This instance's rows of ``name`` in ``(from_token, upto]`` (``get_updates``
+        contract: complete tokens, at most about ``limit`` rows). ``StreamTooOldError``
+        when an in-memory stream no longer holds them."""
         memory = self._memory.get(name)
         if memory is not None:
-            return memory.get_updates(from_token, upto, self._page_limit)
-        return await self._streams.get_updates(
-            name, self.instance_name, from_token, upto, self._page_limit
-        )
+            return memory.get_updates(from_token, upto, limit)
+        return await self._streams.get_updates(name, self.instance_name, from_token, upto, limit)

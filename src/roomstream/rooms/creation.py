@@ -64,12 +64,20 @@ class LocalEventCreator:
         redacts: str | None = None,
         origin_server_ts: int | None = None,
     ) -> CreatedEvent:
-        """Create and persist one event; ``AuthError`` (M_FORBIDDEN) if not allowed."""
+        """Create and persist one event; ``AuthError`` (M_FORBIDDEN) if not allowed,
+        ``UnknownRoomError`` (404) for a room not known here, 400 for an ``m.room.create``."""
         if not sender.endswith(":" + self.server_name):
             raise MatrixError(400, Codes.INVALID_PARAM, f"{sender} is not a local user")
         persister = self.persister
         async with persister.room_lock(room_id):
             version, extremities, current = await persister.get_room_state(room_id)
+            if event_type == "m.room.create":
+                # A room has exactly one create event, made by create_room.
+                raise MatrixError(
+                    400,
+                    Codes.INVALID_PARAM,
+                    f"{room_id} exists: it cannot get another m.room.create",
+                )
             prevs = sorted(extremities)[:MAX_PREV_EVENTS]
             keys = auth_types_for_event(version, event_type, state_key, sender, content)
             auth_ids = [current[k] for k in keys if k in current]

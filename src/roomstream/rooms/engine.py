@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Sequence
 
+import orjson
 from signedjson.types import SigningKey
 
 from roomstream.config import Config
 from roomstream.errors import BadEventError, Codes
-from roomstream.events.format import parse_pdu
+from roomstream.events.format import ContentHashMismatchError, parse_pdu, room_id_for_create_event
 from roomstream.events.model import Event
 from roomstream.events.room_versions import RoomVersion, room_version
-from roomstream.events.signing import load_or_create_signing_key
+from roomstream.events.signing import (
+    check_event_signatures,
+    load_or_create_signing_key,
+    required_signers,
+)
 from roomstream.rooms.creation import LocalEventCreator
+from roomstream.rooms.keys import ServerKeyStore, local_key_map
 from roomstream.rooms.persist import EventPersister, PersistedEvent
 from roomstream.rooms.store import EventStore
+from roomstream.state.cooperative import shorten_switch_interval
 from roomstream.storage import Database, connect, prepare_database
 from roomstream.streams import StreamSet
+
+logger = logging.getLogger(__name__)
 
 
 class RoomEngine:
@@ -36,6 +47,7 @@ class RoomEngine:
         self.store = EventStore(database)
         self.persister = EventPersister(self.store, streams, instance_name)
         self.creator = LocalEventCreator(self.persister, server_name, signing_key)
+        self.keys = ServerKeyStore(database, local_key_map(server_name, signing_key))
 
     @classmethod
     async def open(cls, config: Config) -> RoomEngine:
@@ -47,6 +59,7 @@ class RoomEngine:
             await database.close()
             raise
         key = load_or_create_signing_key(config.data_dir, config.server_name)
+        shorten_switch_interval()  # see roomstream.state.cooperative
         return cls(database, streams, config.server_name, config.instance_name, key)
 
     async def close(self) -> None:
@@ -62,28 +75,100 @@ class RoomEngine:
         return parse_pdu(raw, version)
 
     async def receive_pdus(
-        self, raws: Sequence[bytes], *, backfilled: bool = False
+        self,
+        raws: Sequence[bytes],
+        *,
+        backfilled: bool = False,
+        trust_unsigned: bool = False,
     ) -> list[PersistedEvent]:
-        """Parse, check and persist PDUs from another server. Nothing is stored unless
-        every PDU parses; auth failures are stored as rejected events."""
-        events = [await self.parse_received(raw) for raw in raws]
-        return await self.persister.persist_events(events, backfilled=backfilled)
+        """Parse, check and persist PDUs from another server; results in input order.
 
-    async def _version_for(self, raw: bytes) -> RoomVersion:
-        import orjson
+        The spec's checks on receipt, in order: format (:func:`parse_pdu`); signatures of
+        every server that must sign (:func:`check_event_signatures`, keys from
+        :attr:`keys`) unless the caller says the input is trusted (``trust_unsigned``,
+        for data whose origin is vouched for otherwise); then the content hash, where a
+        mismatch means the event is used in its redacted form (the result says
+        ``redacted_on_receipt``); then the auth rules (failures are stored as rejected).
 
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BadEventError(Codes.NOT_JSON, f"invalid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise BadEventError(Codes.BAD_JSON, "a PDU must be a JSON object")
-        if data.get("type") == "m.room.create" and isinstance(data.get("content"), dict):
-            return room_version(data["content"].get("room_version", "1"))
+        Nothing is stored unless every PDU passes the format and signature checks. A
+        batch may open a new room: its create event gives the version of the others.
+        """
+        decoded = [_decode(raw) for raw in raws]
+        # Rooms opened by this batch: their versions come from its create events.
+        new_rooms: dict[str, RoomVersion] = {}
+        parsed: dict[int, tuple[Event, bool]] = {}
+        for i, (raw, data) in enumerate(zip(raws, decoded, strict=True)):
+            if data.get("type") == "m.room.create":
+                version = _create_version(data)
+                parsed[i] = _parse(raw, version)
+                new_rooms.setdefault(room_id_for_create_event(parsed[i][0]), version)
+        events: list[Event] = []
+        mismatched: set[str] = set()
+        for i, (raw, data) in enumerate(zip(raws, decoded, strict=True)):
+            if i not in parsed:
+                parsed[i] = _parse(raw, await self._stored_or_new_version(data, new_rooms))
+            event, redacted = parsed[i]
+            events.append(event)
+            if redacted:
+                mismatched.add(event.event_id)
+        if not trust_unsigned:
+            servers = {s for e in events for s in required_signers(e.data)}
+            known = await self.keys.verify_keys(servers)
+            for event in events:
+                check_event_signatures(event, known)
+        for event_id in sorted(mismatched):
+            logger.warning("content hash of %s does not match: using its redacted form", event_id)
+        results = await self.persister.persist_events(events, backfilled=backfilled)
+        return [
+            # (An event stored before keeps what it was stored as.)
+            dataclasses.replace(r, redacted_on_receipt=True)
+            if r.new and r.event_id in mismatched
+            else r
+            for r in results
+        ]
+
+    async def _stored_or_new_version(
+        self, data: dict[str, object], new_rooms: dict[str, RoomVersion]
+    ) -> RoomVersion:
         room_id = data.get("room_id")
         if not isinstance(room_id, str):
             raise BadEventError(Codes.BAD_JSON, "PDU has no room_id")
         version = await self.store.get_room_version(room_id)
         if version is None:
+            version = new_rooms.get(room_id)
+        if version is None:
             raise BadEventError(Codes.NOT_FOUND, f"unknown room {room_id}")
         return version
+
+    async def _version_for(self, raw: bytes) -> RoomVersion:
+        data = _decode(raw)
+        if data.get("type") == "m.room.create":
+            return _create_version(data)
+        return await self._stored_or_new_version(data, {})
+
+
+def _decode(raw: bytes) -> dict[str, object]:
+    """Just enough parsing to find a PDU's room and version (``parse_pdu`` is strict)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadEventError(Codes.NOT_JSON, f"invalid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadEventError(Codes.BAD_JSON, "a PDU must be a JSON object")
+    return data
+
+
+def _create_version(data: dict[str, object]) -> RoomVersion:
+    content = data.get("content")
+    if not isinstance(content, dict):
+        raise BadEventError(Codes.BAD_JSON, "'content' must be an object")
+    return room_version(content.get("room_version", "1"))
+
+
+def _parse(raw: bytes, version: RoomVersion) -> tuple[Event, bool]:
+    """The event to use, and whether it is the redacted form of one whose content hash
+    did not match (the spec: such an event is redacted, then processed further)."""
+    try:
+        return parse_pdu(raw, version), False
+    except ContentHashMismatchError as exc:
+        return exc.redacted_event, True

@@ -18,19 +18,28 @@ What happens to an event (the spec's checks on receipt, in order):
 
 Rejected events are stored with their reason and no state of their own (the state after
 them is the state before them).
+
+A stored outlier whose prev events arrive later (all of them with state) is decided again
+as a received event, with all three checks, and gets its state (as Synapse does when it
+persists an outlier again in the timeline); it moves to the new batch's stream ordering.
+Every change of a room's current state is one ``current_state_delta_stream`` row at the
+stream ordering of the event that made it, and redactions apply in persistence order (the
+first one persisted wins): a batch stores exactly what persisting its events one at a
+time would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from roomstream.errors import AuthError
+from roomstream.errors import AuthError, UnknownRoomError
 from roomstream.events.auth import (
     auth_types_for_event,
     can_redact,
@@ -39,7 +48,10 @@ from roomstream.events.auth import (
 )
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
+from roomstream.metrics import observe_persisted, persist_timer
+from roomstream.reading.visibility import TimelineInput, VisibilityRecorder
 from roomstream.rooms.store import (
+    EventMeta,
     EventStore,
     LruCache,
     chunks,
@@ -48,6 +60,7 @@ from roomstream.rooms.store import (
     state_groups_txn,
 )
 from roomstream.state.auth_chain_index import AuthChainIndex, ChainLink, ChainPosition
+from roomstream.state.cooperative import cooperate, off_loop
 from roomstream.state.groups import (
     StateGroupWriter,
     StateMap,
@@ -192,6 +205,9 @@ class PersistedEvent:
     outlier: bool = False
     #: False if the event was already stored (persisting twice is a no-op).
     new: bool = True
+    #: Its content hash did not match, so its redacted form was stored (set by the
+    #: receive path, which makes that decision; see ``RoomEngine.receive_pdus``).
+    redacted_on_receipt: bool = False
 
 
 @dataclass(eq=False)
@@ -204,6 +220,11 @@ class _Context:
     after: GroupRef = None
     state_after: StateMap | None = None
     chain: tuple[ChainPosition, list[ChainLink]] | None = None
+    #: A stored outlier decided again now that its prev events have state.
+    revisit: bool = False
+    #: How this event changed the room's current state: key -> (new, previous) event ID.
+    #: One entry per change, in persistence order (the delta stream's rows).
+    current_delta: dict[StateKey, tuple[str | None, str | None]] | None = None
 
 
 @dataclass
@@ -236,8 +257,26 @@ class _Pending:
     future: asyncio.Future[dict[str, PersistedEvent]]
 
 
-#: Most events the committer writes in one transaction.
+#: Most events the committer writes in one transaction (``persist_events`` cuts bigger
+#: batches of a room into parts of at most this many).
 MAX_COMMIT_EVENTS = 1000
+#: Most work (:func:`_commit_work`: events plus state rows) the committer puts in one
+#: transaction; a single batch above it is committed alone. This bounds how long the
+#: commits of other rooms wait behind one expensive batch.
+MAX_COMMIT_WORK = 4000
+
+
+def _commit_work(p: _Pending) -> int:
+    """Roughly the rows committing ``p`` writes: one per event, plus one per key of each
+    new state group's delta (a merge in a big room can change thousands of keys)."""
+    work = len(p.contexts)
+    seen: set[int] = set()
+    for ctx in p.contexts:
+        for ref in (ctx.before, ctx.after):
+            if isinstance(ref, PendingGroup) and ref.group_id is None and id(ref) not in seen:
+                seen.add(id(ref))
+                work += len(ref.delta)
+    return work
 
 
 _GroupKey = tuple[str, int | None]
@@ -293,6 +332,8 @@ class EventPersister:
         self._queue: list[_Pending] = []
         self._uncommitted: dict[str, Event] = {}
         self._committer: asyncio.Task[None] | None = None
+        # The read side's record of what each user may see (roomstream.reading).
+        self.visibility = VisibilityRecorder()
 
     def room_lock(self, room_id: str) -> asyncio.Lock:
         return self._locks[room_id]
@@ -313,9 +354,22 @@ class EventPersister:
         results: dict[str, PersistedEvent] = {}
 
         async def one_room(room_id: str, room_events: list[Event]) -> None:
+            # A big batch is cut into consecutive parts (which changes nothing, see
+            # topological_order) so that no one commit of it is unbounded.
+            parts = [room_events]
+            if len(room_events) > MAX_COMMIT_EVENTS:
+                ordered = topological_order(room_events)
+                parts = [
+                    ordered[i : i + MAX_COMMIT_EVENTS]
+                    for i in range(0, len(ordered), MAX_COMMIT_EVENTS)
+                ]
             async with self.room_lock(room_id):
-                waiting = await self.prepare_room_locked(room_id, room_events, backfilled, local)
-            results.update(await waiting)
+                waiting = [
+                    await self.prepare_room_locked(room_id, part, backfilled, local)
+                    for part in parts
+                ]
+            for future in waiting:
+                results.update(await future)
 
         await asyncio.gather(*(one_room(r, evs) for r, evs in by_room.items()))
         return [results[e.event_id] for e in events]
@@ -337,6 +391,7 @@ class EventPersister:
         fails, the future raises, and so does every later queued batch of the room.
         """
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         unique = list({e.event_id: e for e in events}.values())
         results: dict[str, PersistedEvent] = {}
         queued = {e.event_id for e in unique if e.event_id in self._uncommitted}
@@ -365,9 +420,15 @@ class EventPersister:
             future.set_result(results)
             return future
         room = await self._load_room(room_id, fresh)
+        # Stored outliers whose prev events arrive now are decided again, with state.
+        revisits = [] if local else await self._outliers_to_revisit(room_id, fresh)
         try:
             contexts, new_extremities, new_current = await self._compute_contexts(
-                room, topological_order(fresh), backfilled, local
+                room,
+                topological_order(fresh + revisits),
+                backfilled,
+                local,
+                {e.event_id for e in revisits},
             )
         except BaseException:
             # The chain index may hold part of the batch: reload the room next time.
@@ -395,7 +456,29 @@ class EventPersister:
         self._queue.append(pending)
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_loop())
+        future.add_done_callback(persist_timer(started))
         return future
+
+    async def _outliers_to_revisit(self, room_id: str, fresh: Sequence[Event]) -> list[Event]:
+        """Stored outliers of the room that descend from ``fresh`` through prev events.
+
+        As Synapse does when an outlier is later persisted in the timeline, they are
+        decided again as received events (auth, state, soft failure) once all their prev
+        events have state; the walk follows outliers only (an event below an outlier is
+        an outlier too).
+        """
+        for p in list(self._queue):
+            # Outliers of this room still queued are not in the database yet: let them land.
+            if p.room.room_id == room_id and any(c.outlier for c in p.contexts):
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(p.future)
+        ids = await self.db.run_interaction(
+            _outlier_descendants_txn, room_id, [e.event_id for e in fresh]
+        )
+        if not ids:
+            return []
+        found = await self.store.get_events(ids)
+        return [found[i] for i in ids if i in found]
 
     def _forget_room(self, room: _Room) -> None:
         room.poisoned = True
@@ -407,12 +490,18 @@ class EventPersister:
         while self._queue:
             backfilled = self._queue[0].backfilled
             batch: list[_Pending] = []
-            count = 0
+            count = work = 0
+            # Bounded transactions: other rooms' commits wait for at most one of them.
             while self._queue and self._queue[0].backfilled == backfilled:
-                if batch and count + len(self._queue[0].contexts) > MAX_COMMIT_EVENTS:
+                next_work = _commit_work(self._queue[0])
+                if batch and (
+                    count + len(self._queue[0].contexts) > MAX_COMMIT_EVENTS
+                    or work + next_work > MAX_COMMIT_WORK
+                ):
                     break
                 batch.append(self._queue.pop(0))
                 count += len(batch[-1].contexts)
+                work += next_work
             generator = self.streams.generator("backfill" if backfilled else "events")
             try:
                 orderings, _ = await generator.run_with_ids(count, self._commit_txn, batch)
@@ -455,6 +544,7 @@ class EventPersister:
             p.results[ctx.event.event_id] = PersistedEvent(
                 ctx.event.event_id, ordering, ctx.rejected_reason, ctx.soft_failed, ctx.outlier
             )
+            observe_persisted(p.room.version.identifier, bool(ctx.rejected_reason), ctx.soft_failed)
         if not p.future.done():
             p.future.set_result(p.results)
 
@@ -473,19 +563,15 @@ class EventPersister:
         if loaded is None:
             create = next((e for e in batch if e.type == "m.room.create"), None)
             if create is None:
-                raise LookupError(f"unknown room {room_id} and no create event in the batch")
+                raise UnknownRoomError(room_id, " (and no create event in the batch)")
             version = create.room_version
             room = _Room(room_id, version, {}, {}, None, AuthChainIndex())
         else:
             version_id, extremities, current, positions, links = loaded
-            room = _Room(
-                room_id,
-                room_version(version_id),
-                {},
-                current,
-                None,
-                AuthChainIndex.load(positions, links),
+            index = await off_loop(
+                len(positions) + len(links), AuthChainIndex.load, positions, links
             )
+            room = _Room(room_id, room_version(version_id), {}, current, None, index)
             groups = await self.store.get_state_groups(extremities)
             room.extremities = {e: groups[e][1] if e in groups else None for e in extremities}
             if len(extremities) == 1:
@@ -496,12 +582,15 @@ class EventPersister:
     async def _state_of(self, ref: GroupRef, contexts: Mapping[str, _Context]) -> StateMap:
         if ref is None:
             return {}
-        if isinstance(ref, PendingGroup) and ref.group_id is not None:
-            ref = ref.group_id  # created by an earlier batch
         if isinstance(ref, PendingGroup):
-            if ref.state is None:
+            # Its state stays in memory until its batch has committed: a group ID is drawn
+            # inside the commit transaction, and on PostgreSQL another connection cannot
+            # read the group before that transaction commits.
+            if ref.state is not None:
+                return ref.state
+            if ref.group_id is None:
                 raise RuntimeError("pending state group without its state")
-            return ref.state
+            ref = ref.group_id  # created and committed by an earlier batch
         cached: StateMap | None = self._states.get_recent(str(ref))
         if cached is None:
             cached = await self.db.run_interaction(get_state_txn, ref)
@@ -531,18 +620,22 @@ class EventPersister:
         events: list[Event],
         backfilled: bool,
         local: bool,
+        revisits: Set[str] = frozenset(),
     ) -> tuple[list[_Context], dict[str, GroupRef] | None, tuple[GroupRef, StateMap] | None]:
         """Decide each event's fate and state, in order, as if persisted one by one.
 
         Returns the contexts, and the room's new forward extremities and current state
-        (None when unchanged). Backfilled events never change either.
+        (None when unchanged). Backfilled events never change either. ``revisits`` are
+        stored outliers decided again: those that still lack state are left as stored
+        (no context), the others are decided as if received now.
         """
         contexts: dict[str, _Context] = {}
         ids = [e.event_id for e in events]
         referenced = {p for e in events for p in e.prev_event_ids} | {
             a for e in events for a in effective_auth_event_ids(e)
         }
-        referenced -= set(ids)
+        # Revisited outliers stay in: as long as they lack state, their stored verdict holds.
+        referenced -= {i for i in ids if i not in revisits}
         # What the room's in-memory extremities answer needs no query; a local event's
         # auth events come from the current state, which holds no rejected events.
         prev_ids = {p for e in events for p in e.prev_event_ids} - set(ids)
@@ -553,10 +646,13 @@ class EventPersister:
         if rest:
             known_groups.update(await self.store.get_state_groups(rest))
         rejected: set[str] = set()
+        known_meta: dict[str, EventMeta] = {}
         if not local:
             known_meta = await self.store.get_meta(referenced)
             rejected = {i for i, m in known_meta.items() if m.rejected_reason is not None}
-        # Events some stored event already names as a prev can never be extremities.
+        # Events that a stored event with state, accepted, names as a prev can never be
+        # extremities (as in Synapse, outliers, rejected and soft-failed events don't count:
+        # they never take their prev events' place).
         named_as_prev: set[str] = (
             set() if local else await self.db.run_interaction(_referenced_txn, ids)
         )
@@ -567,17 +663,28 @@ class EventPersister:
         changed = False
 
         for event in events:
-            ctx = _Context(event, outlier=False)
+            await cooperate()  # a big batch must not hold the loop (other rooms wait)
+            revisit = event.event_id in revisits
+            if revisit and not all(
+                (p in contexts and not contexts[p].outlier) or p in known_groups
+                for p in event.prev_event_ids
+            ):
+                continue  # still without state: its stored row stands
+            ctx = _Context(event, outlier=False, revisit=revisit)
             contexts[event.event_id] = ctx
             # 1. The event's own auth events.
             auth_ids = effective_auth_event_ids(event)
             auth_by_id = await self._events(auth_ids, contexts)
-            batch_rejected = {i for i in auth_ids if i in contexts and contexts[i].rejected_reason}
+            batch_rejected = {
+                i
+                for i in auth_ids
+                if (contexts[i].rejected_reason if i in contexts else i in rejected)
+            }
             # The event passed the rules with exactly these auth events (key -> event ID).
             passed_with: dict[StateKey, str] | None = None
             try:
                 auth_map = check_auth_events_list(
-                    event, auth_by_id, rejected_event_ids=rejected | batch_rejected
+                    event, auth_by_id, rejected_event_ids=batch_rejected
                 )
                 check_auth_rules(event, auth_map)
                 passed_with = {k: e.event_id for k, e in auth_map.items()}
@@ -585,7 +692,11 @@ class EventPersister:
                 ctx.rejected_reason = exc.message
             # Only state events can be auth events, so only they need the auth chain
             # index; one chain per (type, state_key) keeps chains long and links few.
-            if event.is_state() and all(a in room.index for a in auth_ids):
+            if (
+                event.is_state()
+                and event.event_id not in room.index
+                and all(a in room.index for a in auth_ids)
+            ):
                 ctx.chain = room.index.add_event(
                     event.event_id, auth_ids, chain_key=event.state_tuple
                 )
@@ -640,9 +751,12 @@ class EventPersister:
                 continue
             for prev in prevs:
                 extremities.pop(prev, None)
+            if not local:
+                await self._drop_behind_failed(prevs, contexts, known_meta, extremities)
             if event.event_id not in named_as_prev:
                 extremities[event.event_id] = ctx.after
             changed = True
+            previous = current
             if len(extremities) == 1 and event.event_id in extremities:
                 current_group, current = ctx.after, ctx.state_after
                 current_key = frozenset([_group_key(ctx.after)])
@@ -654,9 +768,46 @@ class EventPersister:
                 if key != current_key:
                     current_group, current = await self._state_before(room, refs, contexts, memo)
                     current_key = key
+            if current is not previous:
+                ctx.current_delta = _current_change(previous, current, state_before, ctx)
         if not changed:
             return list(contexts.values()), None, None
         return list(contexts.values()), extremities, (current_group, current)
+
+    async def _drop_behind_failed(
+        self,
+        prevs: Sequence[str],
+        contexts: Mapping[str, _Context],
+        known_meta: Mapping[str, EventMeta],
+        extremities: dict[str, GroupRef],
+    ) -> None:
+        """As Synapse does: an accepted event that names soft-failed or rejected events as
+        prev events also replaces *their* prev events as extremities (recursively through
+        soft-failed and rejected ones), so a branch whose tip was soft-failed does not
+        stay a forward extremity once something builds on that tip."""
+        stack = list(prevs)
+        seen: set[str] = set()
+        while stack:
+            event_id = stack.pop()
+            if event_id in seen:
+                continue
+            seen.add(event_id)
+            ctx = contexts.get(event_id)
+            if ctx is not None:
+                if not (ctx.soft_failed or ctx.rejected_reason is not None):
+                    continue
+                parents = ctx.event.prev_event_ids
+            else:
+                meta = known_meta.get(event_id)
+                if meta is None:
+                    meta = (await self.store.get_meta([event_id])).get(event_id)
+                if meta is None or not (meta.soft_failed or meta.rejected_reason is not None):
+                    continue
+                found = await self._events([event_id], contexts)
+                parents = found[event_id].prev_event_ids if event_id in found else []
+            for parent in parents:
+                extremities.pop(parent, None)
+                stack.append(parent)
 
     async def _extremity_groups(
         self, extremities: Mapping[str, GroupRef], contexts: Mapping[str, _Context]
@@ -773,31 +924,49 @@ class EventPersister:
         chain_rows: list[tuple[str, str, int, int]] = []
         link_rows: list[tuple[str, int, int, int, int]] = []
         redaction_rows: list[tuple[str, str]] = []
+        revisit_rows: list[tuple[Any, ...]] = []
+        unredactions: list[tuple[str]] = []
         for ctx, ordering in zip(contexts, orderings, strict=True):
             event = ctx.event
-            event_rows.append(
-                (
-                    ordering,
-                    event.depth,
-                    event.event_id,
-                    room.room_id,
-                    event.type,
-                    event.state_key,
-                    event.sender,
-                    event.redacts,
-                    _relates_to(event),
-                    event.membership,
-                    ctx.outlier,
-                    ctx.rejected_reason,
-                    ctx.soft_failed,
-                    event.origin_server_ts,
-                    now,
-                    self.instance_name,
+            if ctx.revisit:
+                # An ex-outlier moves to this stream ordering, so that stream readers see
+                # it again, now with state (its JSON, edges and auth edges are stored).
+                revisit_rows.append(
+                    (
+                        ordering,
+                        ctx.rejected_reason,
+                        ctx.soft_failed,
+                        now,
+                        self.instance_name,
+                        event.event_id,
+                    )
                 )
-            )
-            json_rows.append((event.event_id, room.room_id, room.version.identifier, event.raw))
-            edge_rows.extend((event.event_id, p) for p in event.prev_event_ids)
-            auth_rows.extend((event.event_id, a) for a in event.auth_event_ids)
+                if ctx.rejected_reason is not None and event.redacts is not None:
+                    unredactions.append((event.event_id,))
+            else:
+                event_rows.append(
+                    (
+                        ordering,
+                        event.depth,
+                        event.event_id,
+                        room.room_id,
+                        event.type,
+                        event.state_key,
+                        event.sender,
+                        event.redacts,
+                        _relates_to(event),
+                        event.membership,
+                        ctx.outlier,
+                        ctx.rejected_reason,
+                        ctx.soft_failed,
+                        event.origin_server_ts,
+                        now,
+                        self.instance_name,
+                    )
+                )
+                json_rows.append((event.event_id, room.room_id, room.version.identifier, event.raw))
+                edge_rows.extend((event.event_id, p) for p in event.prev_event_ids)
+                auth_rows.extend((event.event_id, a) for a in event.auth_event_ids)
             if not ctx.outlier:
                 before, after = _group_id(ctx.before), _group_id(ctx.after)
                 if after is not None:
@@ -839,6 +1008,13 @@ class EventPersister:
             ),
             event_rows,
         )  # fmt: skip
+        txn.executemany(
+            "UPDATE events SET stream_ordering = ?, outlier = FALSE, rejected_reason = ?,"
+            " soft_failed = ?, received_ts = ?, instance_name = ? WHERE event_id = ?",
+            revisit_rows,
+        )
+        # An outlier redaction never redacted anything (no state to check it against).
+        txn.executemany("DELETE FROM redactions WHERE event_id = ?", unredactions)
         txn.insert_many("event_json", ("event_id", "room_id", "room_version", "json"), json_rows)
         txn.insert_many("event_edges", ("event_id", "prev_event_id"), edge_rows)
         txn.insert_many("event_auth", ("event_id", "auth_id"), auth_rows)
@@ -866,6 +1042,25 @@ class EventPersister:
             self._update_current_state_txn(
                 txn, room, p.old_current, new_current[1], contexts, orderings
             )
+        self.visibility.record_txn(
+            txn,
+            room.room_id,
+            [self._timeline_input(c, o) for c, o in zip(contexts, orderings, strict=True)],
+        )
+
+    def _timeline_input(self, ctx: _Context, ordering: int) -> TimelineInput:
+        """What the read side needs of a persisted event (see VisibilityRecorder)."""
+        before = ctx.state_after
+        if isinstance(ctx.after, PendingGroup) and ctx.after is not ctx.before:
+            before = ctx.after.parent_state
+        return TimelineInput(
+            ctx.event,
+            ordering,
+            self.instance_name,
+            not ctx.outlier and ctx.rejected_reason is None and not ctx.soft_failed,
+            None if ctx.outlier else before,
+            None if ctx.outlier else ctx.state_after,
+        )
 
     def _apply_redactions_txn(
         self,
@@ -879,18 +1074,25 @@ class EventPersister:
             " ON CONFLICT (event_id) DO NOTHING",
             redaction_rows,
         )
-        # Redactions that arrived before the events they redact.
-        new_ids = [c.event.event_id for c in contexts]
-        earlier: list[tuple[str, str]] = []
-        for chunk in chunks(new_ids):
-            earlier.extend(
-                txn.query(
-                    "SELECT event_id, redacts FROM redactions"
-                    f" WHERE redacts IN ({placeholders(len(chunk))})",
-                    chunk,
-                )
-            )
-        pairs = set(redaction_rows) | {(r[0], r[1]) for r in earlier}
+        # Redactions that arrived before the events they redact, in persistence order
+        # (forward stream orderings ascending, then backfilled ones as they were numbered).
+        batch = {c.event.event_id for c in contexts}
+        earlier: list[tuple[tuple[int, int], str, str]] = []
+        for chunk in chunks(sorted(batch)):
+            for event_id, redacts, ordering in txn.query(
+                "SELECT r.event_id, r.redacts, e.stream_ordering FROM redactions AS r"
+                " JOIN events AS e ON e.event_id = r.event_id"
+                f" WHERE r.redacts IN ({placeholders(len(chunk))})",
+                chunk,
+            ):
+                if event_id not in batch:
+                    ordering = int(ordering)
+                    order = (0, ordering) if ordering > 0 else (1, -ordering)
+                    earlier.append((order, event_id, redacts))
+        # The first redaction persisted wins: the earlier ones, then this batch's in order.
+        pairs = [(r, t) for _, r, t in sorted(earlier)]
+        pairs.extend(redaction_rows)
+        pairs = list(dict.fromkeys(pairs))
         if not pairs:
             return
         ids = [p for pair in pairs for p in pair]
@@ -898,7 +1100,7 @@ class EventPersister:
         missing = [i for i in ids if i not in by_id]
         if missing:
             by_id.update(load_events_txn(txn, missing))
-        for redaction_id, target_id in sorted(pairs):
+        for redaction_id, target_id in pairs:
             redaction, target = by_id.get(redaction_id), by_id.get(target_id)
             if redaction is None or target is None or target.room_id != redaction.room_id:
                 continue
@@ -931,10 +1133,24 @@ class EventPersister:
         contexts: list[_Context],
         orderings: list[int],
     ) -> None:
+        # Every change is a fact of the stream: one row per change, at the stream ordering
+        # of the event that made it (as persisting the events one at a time records them).
+        txn.insert_many(
+            "current_state_delta_stream",
+            (
+                "stream_id", "instance_name", "room_id", "type", "state_key", "event_id",
+                "prev_event_id",
+            ),
+            [
+                (ordering, self.instance_name, room.room_id, k[0], k[1], new, old)
+                for ctx, ordering in zip(contexts, orderings, strict=True)
+                if ctx.current_delta
+                for k, (new, old) in sorted(ctx.current_delta.items())
+            ],
+        )  # fmt: skip
         delta = state_delta(old_state, new_state)
         if not delta:
             return
-        stream_id = max(orderings)
         members = {c.event.event_id: c.event.membership for c in contexts if c.event.membership}
         missing_members = [
             v
@@ -965,17 +1181,24 @@ class EventPersister:
                 if v is not None
             ],
         )
-        txn.insert_many(
-            "current_state_delta_stream",
-            (
-                "stream_id", "instance_name", "room_id", "type", "state_key", "event_id",
-                "prev_event_id",
-            ),
-            [
-                (stream_id, self.instance_name, room.room_id, k[0], k[1], v, old_state.get(k))
-                for k, v in sorted(delta.items())
-            ],
-        )  # fmt: skip
+
+
+def _current_change(
+    previous: StateMap, current: StateMap, state_before: StateMap, ctx: _Context
+) -> dict[StateKey, tuple[str | None, str | None]]:
+    """What ``ctx``'s event did to the room's current state: key -> (new, previous).
+
+    The usual case, an event extending the only forward extremity, changes at most its
+    own key; anything else (a fork, a merge) is compared key by key.
+    """
+    if previous is state_before and current is ctx.state_after:
+        event = ctx.event
+        if not event.is_state() or ctx.after is ctx.before:
+            return {}
+        key = event.state_tuple
+        old = previous.get(key)
+        return {} if old == event.event_id else {key: (event.event_id, old)}
+    return {k: (v, previous.get(k)) for k, v in state_delta(previous, current).items()}
 
 
 def _collect_pending(ref: GroupRef, out: list[PendingGroup]) -> None:
@@ -1052,15 +1275,42 @@ def _load_room_txn(
     return str(row[0]), extremities, current, positions, links
 
 
+def _outlier_descendants_txn(txn: Transaction, room_id: str, event_ids: list[str]) -> list[str]:
+    """The stored outliers of ``room_id`` below ``event_ids`` through prev edges (outliers
+    only), in discovery order."""
+    seen = set(event_ids)
+    found: list[str] = []
+    frontier = list(event_ids)
+    while frontier:
+        below: list[str] = []
+        for chunk in chunks(frontier):
+            for (event_id,) in txn.query(
+                "SELECT DISTINCT e.event_id FROM event_edges AS g"
+                " JOIN events AS e ON e.event_id = g.event_id"
+                f" WHERE g.prev_event_id IN ({placeholders(len(chunk))})"
+                " AND e.room_id = ? AND e.outlier",
+                (*chunk, room_id),
+            ):
+                if event_id not in seen:
+                    seen.add(event_id)
+                    below.append(event_id)
+        found.extend(below)
+        frontier = below
+    return found
+
+
 def _referenced_txn(txn: Transaction, event_ids: list[str]) -> set[str]:
-    """Those of ``event_ids`` that some stored event names as a prev event."""
+    """Those of ``event_ids`` that a stored event, neither outlier, rejected nor
+    soft-failed, names as a prev event."""
     found: set[str] = set()
     for chunk in chunks(event_ids):
         found.update(
             r[0]
             for r in txn.query(
-                "SELECT prev_event_id FROM event_edges"
-                f" WHERE prev_event_id IN ({placeholders(len(chunk))})",
+                "SELECT g.prev_event_id FROM event_edges AS g"
+                " JOIN events AS e ON e.event_id = g.event_id"
+                f" WHERE g.prev_event_id IN ({placeholders(len(chunk))})"
+                " AND NOT e.outlier AND NOT e.soft_failed AND e.rejected_reason IS NULL",
                 chunk,
             )
         )
@@ -1078,17 +1328,24 @@ class _ResolutionStore:
     async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]:
         return await self._persister._events(event_ids, self._contexts)
 
+    # The index's set algebra is synchronous; over big rooms it runs off the loop (the
+    # room lock, held by the resolving task, keeps the index unchanged meanwhile).
+
     async def get_auth_chain_difference(
         self, room_id: str, state_sets: Sequence[set[str]]
     ) -> set[str]:
-        return self._room.index.auth_chain_difference(state_sets)
+        size = sum(len(s) for s in state_sets)
+        return await off_loop(size, self._room.index.auth_chain_difference, state_sets)
 
     async def get_conflicted_subgraph(
         self, room_id: str, conflicted_event_ids: set[str]
     ) -> set[str]:
-        return self._room.index.conflicted_subgraph(conflicted_event_ids)
+        size = len(conflicted_event_ids)
+        return await off_loop(size, self._room.index.conflicted_subgraph, conflicted_event_ids)
 
     async def get_auth_chain_difference_of_states(
         self, room_id: str, shared: Mapping[StateKey, str], differing: Sequence[set[str]]
     ) -> set[str]:
-        return self._room.index.auth_chain_difference_of_states(shared, differing)
+        size = len(shared) + sum(len(d) for d in differing)
+        index = self._room.index
+        return await off_loop(size, index.auth_chain_difference_of_states, shared, differing)

@@ -20,6 +20,10 @@ from roomstream.storage import Database, Transaction
 CHUNK = 500
 
 
+#: Most events :meth:`EventStore.get_events` reads in one interaction.
+READ_SLICE_EVENTS = 500
+
+
 def chunks(items: Sequence[str], size: int = CHUNK) -> Iterable[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -135,8 +139,10 @@ class EventStore:
                 missing.append(event_id)
             else:
                 found[event_id] = event
-        if missing:
-            loaded = await self.db.run_interaction(load_events_txn, missing)
+        # Many events are read in several interactions, so that other rooms' reads and
+        # commits can run between them instead of waiting for one long read.
+        for part in chunks(missing, READ_SLICE_EVENTS):
+            loaded = await self.db.run_interaction(load_events_txn, part)
             for event_id, event in loaded.items():
                 self._events.put(event_id, event)
             found.update(loaded)
@@ -144,6 +150,12 @@ class EventStore:
 
     async def get_event(self, event_id: str) -> Event | None:
         return (await self.get_events([event_id])).get(event_id)
+
+    def cached_event(self, event_id: str) -> Event | None:
+        """An event if the cache holds it. A plain lookup that does not reorder the cache,
+        so database interactions may call it from their worker thread."""
+        event: Event | None = self._events.get(event_id)
+        return event
 
     def cache_events(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -212,6 +224,28 @@ class EventStore:
             )
         )
         return {(r[0], r[1]): r[2] for r in rows}
+
+    async def get_current_state_entry(self, room_id: str, key: StateKey) -> str | None:
+        """The event ID of one (type, state_key) of the room's current state."""
+        row = await self.db.run_interaction(
+            lambda t: t.query_one(
+                "SELECT event_id FROM current_state_events"
+                " WHERE room_id = ? AND type = ? AND state_key = ?",
+                (room_id, key[0], key[1]),
+            )
+        )
+        return None if row is None else str(row[0])
+
+    async def get_membership(self, room_id: str, user_id: str) -> str | None:
+        """The user's membership in the room's current state (None: no member event)."""
+        row = await self.db.run_interaction(
+            lambda t: t.query_one(
+                "SELECT membership FROM current_state_events"
+                " WHERE room_id = ? AND type = 'm.room.member' AND state_key = ?",
+                (room_id, user_id),
+            )
+        )
+        return None if row is None else row[0]
 
     async def get_rooms_for_user(self, user_id: str, membership: str = "join") -> list[str]:
         rows = await self.db.run_interaction(

@@ -88,7 +88,13 @@ class StateGroupWriter:
             at_tip = parent_seq == info.tip
             if at_tip and info.closed + len(delta) <= info.live + CLOSED_ROWS_SLACK:
                 branch, seq = info, info.tip + 1
-                closes = [(seq, info.branch_id, k[0], k[1], OPEN) for k in delta]
+                # Only keys the parent holds have a live row to close (a merge can add
+                # thousands of keys at once: no lookup for each).
+                closes = [
+                    (seq, info.branch_id, k[0], k[1], OPEN)
+                    for k in delta
+                    if parent_state is None or k in parent_state
+                ]
                 # "+ 0" keeps planners on the (branch, type, state_key) index: the
                 # (branch, to_seq) one would scan every live row of the branch.
                 txn.executemany(

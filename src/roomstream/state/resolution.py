@@ -50,6 +50,7 @@ from roomstream.events.auth import (
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, StateResolutionAlgorithm
 from roomstream.state.auth_chain_index import AuthChainIndex
+from roomstream.state.cooperative import cooperate
 
 __all__ = [
     "ConflictedSubgraphStore",
@@ -387,6 +388,7 @@ async def _conflicted_state_subgraph(
         await events.fetch(frontier)
         next_frontier: set[str] = set()
         for event_id in frontier:
+            await cooperate()
             if event_id not in events:
                 continue
             for auth_id in effective_auth_event_ids(events[event_id]):
@@ -434,6 +436,7 @@ async def _reverse_topological_power_ordering(
     graph: dict[str, set[str]] = {}
     stack = list(power_events)
     while stack:
+        await cooperate()
         event_id = stack.pop()
         if event_id in graph:
             continue
@@ -447,6 +450,7 @@ async def _reverse_topological_power_ordering(
 
     keys: dict[str, tuple[int | float, int, str]] = {}
     for event_id in graph:
+        await cooperate()
         event = events[event_id]
         level = await _sender_power_level(event, events)
         keys[event_id] = (-level, event.origin_server_ts, event_id)
@@ -462,6 +466,7 @@ async def _reverse_topological_power_ordering(
     heapq.heapify(ready)
     order: list[str] = []
     while ready:
+        await cooperate()
         *_, event_id = heapq.heappop(ready)
         order.append(event_id)
         for dependent in dependents[event_id]:
@@ -491,6 +496,7 @@ async def _iterative_auth_checks(
     """
     state = dict(initial_state)
     for event_id in event_ids:
+        await cooperate()
         event = events[event_id]
         needed = set(
             auth_types_for_event(
@@ -581,6 +587,7 @@ async def _mainline(power_levels_id: str | None, events: _EventCache) -> dict[st
     complete = True
     current: str | None = power_levels_id
     while current is not None and current not in mainline:
+        await cooperate()
         mainline[current] = len(mainline)
         current_event = await events.get(current)
         if current_event is None:
@@ -639,6 +646,7 @@ async def _mainline_ordering(
 
     keys: dict[str, tuple[int | float, int, str]] = {}
     for event_id in event_ids:
+        await cooperate()
         event = events[event_id]
         keys[event_id] = (-(await position(event)), event.origin_server_ts, event_id)
     return sorted(event_ids, key=keys.__getitem__)

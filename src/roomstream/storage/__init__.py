@@ -7,7 +7,15 @@ and retried on serialization failures and deadlocks.
 """
 
 from roomstream.storage.database import Database, Transaction, connect
-from roomstream.storage.engines import DatabaseConfig, Engine
+from roomstream.storage.engines import DatabaseConfig, DatabaseUnavailableError, Engine
 from roomstream.storage.migrations import prepare_database
 
-__all__ = ["Database", "DatabaseConfig", "Engine", "Transaction", "connect", "prepare_database"]
+__all__ = [
+    "Database",
+    "DatabaseConfig",
+    "DatabaseUnavailableError",
+    "Engine",
+    "Transaction",
+    "connect",
+    "prepare_database",
+]

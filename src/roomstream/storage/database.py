@@ -104,6 +104,11 @@ class Transaction:
     def advance_sequence_to(self, sequence: str, value: int) -> None:
         self._engine.advance_sequence_to(self._cur, sequence, value)
 
+    def lock_exclusively(self, name: str) -> None:
+        """Wait until no other transaction (of any process) holds the lock ``name``; hold
+        it until this transaction ends. On SQLite every transaction is already exclusive."""
+        self._engine.lock_exclusively(self._cur, name)
+
     def after_commit(self, callback: Callable[[], object]) -> None:
         self._after_commit.append(callback)
 

@@ -6,15 +6,18 @@ the dialect-neutral subset: ``?`` placeholders, ``INSERT ... ON CONFLICT``, ``RE
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import psycopg
+import psycopg.conninfo
 import psycopg.errors
 from psycopg_pool import ConnectionPool
 
@@ -67,7 +70,44 @@ class Engine(Protocol):
     def sequence_value(self, cur: Cursor, sequence: str) -> int: ...
     def create_sequence(self, cur: Cursor, sequence: str) -> None: ...
     def advance_sequence_to(self, cur: Cursor, sequence: str, value: int) -> None: ...
+    def lock_exclusively(self, cur: Cursor, name: str) -> None: ...
     def close(self) -> None: ...
+
+
+#: Seconds a SQLite connection waits for another process's write lock.
+BUSY_TIMEOUT = 10.0
+
+
+def _execute_past_locks(
+    conn: sqlite3.Connection, sql: str, deadline_s: float = BUSY_TIMEOUT
+) -> sqlite3.Cursor:
+    """Run one autocommit statement, retrying "database is locked" until ``deadline_s``.
+
+    The busy timeout is not enough while a connection opens: two connections that each
+    hold a shared lock and both ask for the exclusive lock (switching a fresh file to
+    WAL) or the write lock (creating a table) could deadlock, so SQLite answers one of
+    them ``SQLITE_BUSY`` at once rather than calling its busy handler. Processes started
+    together on one fresh file meet exactly that (CI saw it), so the loser tries again.
+    """
+    give_up_at = time.monotonic() + deadline_s
+    delay = 0.005
+    while True:
+        try:
+            return conn.execute(sql)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= give_up_at:
+                raise
+            # A lock retry, not synchronisation: the other process's statement takes well
+            # under a millisecond; backing off spreads out several contenders.
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def _switch_to_wal(conn: sqlite3.Connection, deadline_s: float = BUSY_TIMEOUT) -> None:
+    """Put the file in WAL mode (an in-memory database keeps its "memory" journal)."""
+    mode = _execute_past_locks(conn, "PRAGMA journal_mode=WAL", deadline_s).fetchone()[0]
+    if str(mode).lower() not in ("wal", "memory"):
+        raise sqlite3.OperationalError(f"could not switch the {mode!r} journal to WAL")
 
 
 class SqliteEngine:
@@ -88,23 +128,34 @@ class SqliteEngine:
         self._lock = threading.Lock()
 
     def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
+        # The busy timeout comes first: switching a new file to WAL takes its write lock,
+        # and processes starting together on one fresh database must wait for it, not fail.
+        conn = sqlite3.connect(
+            self._path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT
+        )
+        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
+        _switch_to_wal(conn)
         # NORMAL is durable against application crashes in WAL mode; FULL adds an fsync
         # per commit that only protects against power loss.
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=10000")
-        conn.execute(
+        _execute_past_locks(
+            conn,
             "CREATE TABLE IF NOT EXISTS roomstream_sequences"
-            " (name TEXT PRIMARY KEY, last_value INTEGER NOT NULL)"
+            " (name TEXT PRIMARY KEY, last_value INTEGER NOT NULL)",
         )
         return conn
 
     def acquire(self) -> sqlite3.Connection:
+        """The connection, held by the caller until :meth:`release`. If opening it fails,
+        the lock is released before the error propagates (else ``close`` waits forever)."""
         self._lock.acquire()
-        if self._conn is None:
-            self._conn = self._open()
+        try:
+            if self._conn is None:
+                self._conn = self._open()
+        except BaseException:
+            self._lock.release()
+            raise
         return self._conn
 
     def release(self, conn: Any) -> None:
@@ -172,6 +223,11 @@ class SqliteEngine:
             (value, sequence),
         )
 
+    def lock_exclusively(self, cur: Cursor, name: str) -> None:
+        # Every transaction starts with BEGIN IMMEDIATE, which already holds the database
+        # file's write lock until it ends: transactions of all processes are serial.
+        pass
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -194,16 +250,56 @@ def _columns(columns: Sequence[str]) -> str:
     return ", ".join(_check_ident(c) for c in columns)
 
 
+class DatabaseUnavailableError(RuntimeError):
+    """The configured database cannot be reached or does not exist; the message is one
+    line saying which and what to do."""
+
+
+#: Seconds to wait for the first connection before giving up (at start-up).
+CONNECT_TIMEOUT = 10
+
+
+def _check_postgres(dsn: str, kwargs: dict[str, Any]) -> None:
+    """Connect once, so a missing database or server fails at start-up in one line
+    instead of the pool retrying in the background forever."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise DatabaseUnavailableError(f"database.dsn is not a PostgreSQL DSN: {exc}") from None
+    where = f"{params.get('host', 'localhost')}:{params.get('port', 5432)}"
+    dbname = params.get("dbname", params.get("user", ""))
+    try:
+        psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT, **kwargs).close()
+    except psycopg.Error as exc:
+        # Only the server's last line: the rest repeats the address or is a hint for psql.
+        reason = str(exc).strip().splitlines()[0].rsplit("failed: ", 1)[-1].strip()
+        if "does not exist" in reason and "database" in reason:
+            raise DatabaseUnavailableError(
+                f'PostgreSQL database "{dbname}" does not exist on {where}: create it first '
+                f"(createdb -h {params.get('host', 'localhost')} -p {params.get('port', 5432)}"
+                f" -U {params.get('user', 'postgres')} {dbname}), or fix database.dsn"
+            ) from None
+        raise DatabaseUnavailableError(
+            f"cannot connect to PostgreSQL at {where} (database.dsn): {reason}"
+        ) from None
+
+
 class PostgresEngine:
-    """The production engine: psycopg 3 with a connection pool, native sequences."""
+    """The production engine: psycopg 3 with a connection pool, native sequences.
+
+    Opening it connects once first: a database that does not exist, or a server that does
+    not answer, raises :class:`DatabaseUnavailableError` at once.
+    """
 
     name: EngineName = "postgres"
 
     def __init__(self, config: DatabaseConfig) -> None:
         kwargs: dict[str, Any] = {"autocommit": False}
+        self._schema = config.schema or "public"
         if config.schema:
             kwargs["options"] = f"-c search_path={_check_ident(config.schema)}"
         self.concurrency = config.pool_max
+        _check_postgres(config.dsn, kwargs)
         self._pool = ConnectionPool(
             config.dsn,
             min_size=config.pool_min,
@@ -273,12 +369,21 @@ class PostgresEngine:
         return int(last_value) if is_called else int(last_value) - 1
 
     def create_sequence(self, cur: Cursor, sequence: str) -> None:
+        # Two processes starting together may both create it; IF NOT EXISTS alone does not
+        # survive that race (the catalogue's unique index fires), so serialise on a lock.
+        self.lock_exclusively(cur, f"sequence:{sequence}")
         cur.execute(f"CREATE SEQUENCE IF NOT EXISTS {_check_ident(sequence)} MINVALUE 0 START 1")
 
     def advance_sequence_to(self, cur: Cursor, sequence: str, value: int) -> None:
         seq = _check_ident(sequence)
         if self.sequence_value(cur, seq) < value:
             cur.execute("SELECT setval(%s, %s)", (seq, value))
+
+    def lock_exclusively(self, cur: Cursor, name: str) -> None:
+        # A transaction-scoped advisory lock, keyed by schema too: advisory locks are per
+        # database, and each schema (tests give every test one) has its own migrations.
+        digest = hashlib.blake2b(f"{self._schema}:{name}".encode(), digest_size=8).digest()
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (int.from_bytes(digest, signed=True),))
 
     def close(self) -> None:
         self._pool.close()

@@ -4,6 +4,12 @@ A migration is ``schema/NNNN_name.sql`` (both engines), optionally with engine-s
 companions ``NNNN_name.sqlite.sql`` / ``NNNN_name.postgres.sql`` applied right after it.
 Each version is applied in one transaction together with its bookkeeping row, so a failed
 migration leaves the database at the previous version.
+
+Any number of processes may migrate one database at once (every instance of a deployment
+does so as it starts): each migration transaction first takes an exclusive lock (an
+advisory lock on PostgreSQL, keyed by the schema; SQLite's transactions are exclusive
+already), then re-reads the version, so each version is applied exactly once and the
+others wait and find it done.
 """
 
 from __future__ import annotations
@@ -36,9 +42,8 @@ def load_migrations() -> list[Migration]:
         if known[0] != name:
             raise RuntimeError(f"two migrations share version {version}: {known[0]}, {name}")
         known[1][engine] = entry.read_text(encoding="utf-8")
+    # Versions may have gaps: numbers are handed out to branches ahead of their merge.
     versions = sorted(found)
-    if versions != list(range(1, len(versions) + 1)):
-        raise RuntimeError(f"migration versions must be 1..n without gaps, got {versions}")
     return [Migration(v, found[v][0], found[v][1]) for v in versions]
 
 
@@ -58,18 +63,24 @@ def split_statements(script: str) -> list[str]:
     return statements
 
 
-def _current_version(txn: Transaction) -> int:
+#: The lock every migration transaction holds (see the module docstring).
+MIGRATION_LOCK = "roomstream.migrations"
+
+
+def _applied_versions(txn: Transaction) -> set[int]:
+    # CREATE TABLE IF NOT EXISTS is not safe against a concurrent identical CREATE on
+    # PostgreSQL (the catalogue's unique index fires), hence the lock here too.
+    txn.lock_exclusively(MIGRATION_LOCK)
     txn.execute(
         "CREATE TABLE IF NOT EXISTS schema_version"
         " (version INTEGER NOT NULL PRIMARY KEY, name TEXT NOT NULL)"
     )
-    row = txn.query_one("SELECT MAX(version) FROM schema_version")
-    return int(row[0]) if row and row[0] is not None else 0
+    return {int(r[0]) for r in txn.query("SELECT version FROM schema_version")}
 
 
 def _apply(txn: Transaction, migration: Migration) -> None:
     # Re-check inside the transaction: another process may have applied it meanwhile.
-    if _current_version(txn) >= migration.version:
+    if migration.version in _applied_versions(txn):
         return
     for engine in ("", txn.engine_name):
         for statement in split_statements(migration.scripts.get(engine, "")):
@@ -83,12 +94,15 @@ def _apply(txn: Transaction, migration: Migration) -> None:
 async def prepare_database(database: Database) -> int:
     """Bring the schema up to date; returns the version now in force."""
     migrations = load_migrations()
-    current = await database.run_interaction(_current_version)
+    applied = await database.run_interaction(_applied_versions)
+    current = max(applied, default=0)
     newest = migrations[-1].version if migrations else 0
     if current > newest:
         raise RuntimeError(
             f"database schema version {current} is newer than this roomstream ({newest})"
         )
-    for migration in migrations[current:]:
-        await database.run_interaction(_apply, migration)
+    # Every migration not yet applied, in order (one merged later with a lower number too).
+    for migration in migrations:
+        if migration.version not in applied:
+            await database.run_interaction(_apply, migration)
     return max(current, newest)

@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from roomstream import exactjson
 from roomstream.storage import Transaction
 from roomstream.streams.id_generator import StreamTableRef
 
@@ -70,7 +69,7 @@ def _bool(value: Any) -> bool:
 
 
 def _json_or_none(value: Any) -> Any:
-    return None if value is None else orjson.loads(value)
+    return None if value is None else exactjson.loads(value)
 
 
 EVENTS = StreamDefinition(
@@ -163,7 +162,7 @@ RECEIPTS = StreamDefinition(
         StreamTable(
             StreamTableRef("receipts"),
             ("room_id", "receipt_type", "user_id", "event_id", "thread_id", "data"),
-            lambda r: (*r[:5], orjson.loads(r[5])),
+            lambda r: (*r[:5], exactjson.loads(r[5])),
         ),
     ),
 )

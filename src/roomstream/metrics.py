@@ -1,0 +1,211 @@
+"""Every Prometheus metric roomstream exports, in one place (``docs/operations.md``).
+
+Two kinds:
+
+- process-wide instruments updated by small hooks where things happen: persisting events
+  (:func:`observe_persisted`, :func:`persist_timer`) and HTTP requests
+  (:func:`http_metrics_middleware`). They live in ``prometheus_client``'s default
+  registry, next to its ``process_*`` and ``python_*`` metrics;
+- per-instance gauges read at scrape time from the running instance (stream positions,
+  replication connections and lag) by a :class:`InstanceCollector`, so nothing on the hot
+  path keeps them up to date.
+
+``render`` produces the text the ``/metrics`` route serves.
+
+Label values are bounded: streams, writers and room versions come from fixed sets or the
+configuration, HTTP routes are the route *templates* (``/rooms/{room_id}/send_event``,
+never a room ID), and requests no route matched share the route label ``unmatched``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "EVENTS_PERSISTED",
+    "HTTP_REQUESTS",
+    "PERSIST_SECONDS",
+    "InstanceCollector",
+    "InstanceSnapshot",
+    "http_metrics_middleware",
+    "observe_persisted",
+    "persist_timer",
+    "render",
+]
+
+PERSIST_SECONDS = Histogram(
+    "roomstream_persist_seconds",
+    "Time to persist one batch of events, from the call to its commit.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+EVENTS_PERSISTED = Counter(
+    "roomstream_events_persisted",
+    "Events persisted, by room version and outcome (accepted, rejected, soft_failed).",
+    ["room_version", "outcome"],
+)
+HTTP_REQUESTS = Counter(
+    "roomstream_http_requests",
+    "HTTP requests answered, by method, route template and status code.",
+    ["method", "route", "status"],
+)
+
+
+def observe_persisted(room_version: str, rejected: bool, soft_failed: bool) -> None:
+    """Count one newly stored event."""
+    outcome = "rejected" if rejected else "soft_failed" if soft_failed else "accepted"
+    EVENTS_PERSISTED.labels(room_version, outcome).inc()
+
+
+def _route(request: web.Request) -> str:
+    info = request.match_info
+    resource = info.route.resource if info.http_exception is None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def http_metrics_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Count every request by route template and the status it was answered with.
+
+    Put it first (outermost), so it sees what the inner middlewares turned errors into.
+    """
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        method = request.method if request.method in _METHODS else "other"
+        HTTP_REQUESTS.labels(method, _route(request), str(status)).inc()
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
+
+
+@dataclass
+class InstanceSnapshot:
+    """What an instance reports at one scrape."""
+
+    instance: str
+    #: stream -> writer -> the last position known of that writer (its ID generator's)
+    positions: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: stream -> linear position (every fact at or below it is processed)
+    linear: dict[str, int] = field(default_factory=dict)
+    #: transport link kind ("server", "client", "redis") -> open connections
+    connections: dict[str, int] = field(default_factory=dict)
+    #: (stream, writer) -> (stream IDs behind the writer's announcements, seconds behind)
+    lag: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+
+
+class SnapshotSource(Protocol):
+    def metrics_snapshot(self) -> InstanceSnapshot: ...
+
+
+class InstanceCollector(Collector):
+    """Gauges read from a running instance at each scrape."""
+
+    def __init__(self, source: SnapshotSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        snap = self._source.metrics_snapshot()
+        yield from _instance_metrics(snap)
+
+
+def _instance_metrics(snap: InstanceSnapshot) -> Iterator[Metric]:
+    labels = ["instance", "stream", "writer"]
+    position = GaugeMetricFamily(
+        "roomstream_stream_position",
+        "Each writer's position of each stream, as this instance knows it.",
+        labels=labels,
+    )
+    for stream, writers in sorted(snap.positions.items()):
+        for writer, token in sorted(writers.items()):
+            position.add_metric([snap.instance, stream, writer], token)
+    yield position
+    yield _keyed_gauge(
+        "roomstream_stream_linear_position",
+        "Each stream's linear position: every fact at or below it is processed here.",
+        snap.instance,
+        "stream",
+        snap.linear,
+    )
+    yield _keyed_gauge(
+        "roomstream_replication_connections",
+        "Open replication links: server (readers connected here), client (to writers),"
+        " redis (subscriptions).",
+        snap.instance,
+        "kind",
+        snap.connections,
+    )
+    facts = GaugeMetricFamily(
+        "roomstream_replication_lag_facts",
+        "Stream IDs between the last one a writer announced and the last processed here.",
+        labels=labels,
+    )
+    seconds = GaugeMetricFamily(
+        "roomstream_replication_lag_seconds",
+        "How long the oldest announced but unprocessed fact has waited (0 when caught up).",
+        labels=labels,
+    )
+    for (stream, writer), (behind, waited) in sorted(snap.lag.items()):
+        facts.add_metric([snap.instance, stream, writer], behind)
+        seconds.add_metric([snap.instance, stream, writer], waited)
+    yield facts
+    yield seconds
+
+
+def _keyed_gauge(
+    name: str, documentation: str, instance: str, key_label: str, values: Mapping[str, int]
+) -> GaugeMetricFamily:
+    """One gauge a key of ``values`` (labelled ``instance`` and ``key_label``), in key order."""
+    family = GaugeMetricFamily(name, documentation, labels=["instance", key_label])
+    for key, value in sorted(values.items()):
+        family.add_metric([instance, key], value)
+    return family
+
+
+def render(instance: CollectorRegistry | None = None) -> bytes:
+    """The exposition text: the process-wide metrics, then the instance's."""
+    text = generate_latest(REGISTRY)
+    if instance is not None:
+        text += generate_latest(instance)
+    return text
+
+
+def instance_registry(source: SnapshotSource) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(InstanceCollector(source))
+    return registry
+
+
+def persist_timer(started: float) -> Callable[[asyncio.Future[Any]], None]:
+    """A done-callback for a persist future: observes the time from ``started``
+    (``time.perf_counter()`` when persisting began) to the commit, if it committed."""
+
+    def done(future: asyncio.Future[Any]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            PERSIST_SECONDS.observe(time.perf_counter() - started)
+
+    return done
