@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from roomstream.config import Config
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
+from tests.ports import free_port
 
 SERVER_NAME = "test.local"
 
@@ -113,12 +113,6 @@ class RunningServer:
     url: str
     server_name: str
     process: asyncio.subprocess.Process
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ServerProcess:
