@@ -13,6 +13,7 @@ import orjson
 from aiohttp import web
 
 from roomstream.errors import Codes, MatrixError
+from roomstream.replication.http import read_json
 
 __all__ = [
     "access_token",
@@ -29,24 +30,6 @@ T = TypeVar("T")
 
 def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
-
-
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body is ``{}`` (clients send none for
-    some POSTs)."""
-    try:
-        raw = await request.read()
-    except ConnectionResetError:
-        raise MatrixError(400, Codes.UNKNOWN, "the client went away") from None
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise MatrixError(400, Codes.NOT_JSON, f"content not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise MatrixError(400, Codes.BAD_JSON, "the body must be a JSON object")
-    return body
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:

@@ -71,6 +71,7 @@ __all__ = [
     "bearer_auth_middleware",
     "error_response",
     "matrix_error_middleware",
+    "read_json",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,25 @@ _HTTP_EXCEPTION_CODES = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, for every roomstream HTTP API; an empty body is
+    ``{}`` (clients send none for some POSTs). Refusals are 400 ``M_NOT_JSON`` or
+    ``M_BAD_JSON``."""
+    try:
+        raw = await request.read()
+    except ConnectionResetError:
+        raise MatrixError(400, Codes.UNKNOWN, "the client went away") from None
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MatrixError(400, Codes.NOT_JSON, f"content not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise MatrixError(400, Codes.BAD_JSON, "the body must be a JSON object")
+    return body
 
 
 @web.middleware
@@ -328,16 +348,6 @@ class InternalHttpServer:
 
     # -- plumbing -----------------------------------------------------------------------
 
-    async def _json_body(self, request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise MatrixError(400, Codes.NOT_JSON, f"body is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise MatrixError(400, Codes.BAD_JSON, "body must be a JSON object")
-        return body
-
     # -- routes -------------------------------------------------------------------------
 
     @staticmethod
@@ -385,7 +395,7 @@ class InternalHttpServer:
         room_id = request.match_info["room_id"]
         if not room_id.startswith("!") or not _is_identifier(room_id):
             raise MatrixError(400, Codes.INVALID_PARAM, f"not a room ID: {room_id[:300]!r}")
-        body = await self._json_body(request)
+        body = await read_json(request)
         sender, event_type = body.get("sender"), body.get("type")
         content, state_key = body.get("content", {}), body.get("state_key")
         if not isinstance(sender, str) or not isinstance(event_type, str):
@@ -413,7 +423,7 @@ class InternalHttpServer:
     async def _create(self, request: web.Request) -> web.Response:
         if self._create_room is None:
             raise MatrixError(400, Codes.UNRECOGNIZED, "this instance does not write events")
-        body = await self._json_body(request)
+        body = await read_json(request)
         creator, name = body.get("creator"), body.get("name")
         if not isinstance(creator, str) or (name is not None and not isinstance(name, str)):
             raise MatrixError(400, Codes.MISSING_PARAM, "creator (a string) is required")
@@ -435,14 +445,14 @@ class InternalHttpServer:
 
     async def _client_create_room(self, request: web.Request) -> web.Response:
         writes = self._writes_for("events")
-        body = await self._json_body(request)
+        body = await read_json(request)
         creator = _identifier_field(body, "creator", sigil="@")
         room_id = await writes.create_room(creator, _field(body, "request", dict))
         return web.json_response({"room_id": room_id})
 
     async def _client_account_data(self, request: web.Request) -> web.Response:
         writes = self._writes_for("account_data")
-        body = await self._json_body(request)
+        body = await read_json(request)
         await writes.put_account_data(
             _identifier_field(body, "user_id", sigil="@"),
             _identifier_field(body, "room_id", sigil="!", optional=True),
@@ -453,7 +463,7 @@ class InternalHttpServer:
 
     async def _client_receipt(self, request: web.Request) -> web.Response:
         writes = self._writes_for("receipts")
-        body = await self._json_body(request)
+        body = await read_json(request)
         await writes.put_receipt(
             _identifier_field(body, "room_id", sigil="!"),
             _identifier_field(body, "receipt_type"),
@@ -465,7 +475,7 @@ class InternalHttpServer:
 
     async def _client_to_device(self, request: web.Request) -> web.Response:
         writes = self._writes_for("to_device")
-        body = await self._json_body(request)
+        body = await read_json(request)
         messages = _field(body, "messages", dict)
         for user_id, by_device in messages.items():
             if not _is_identifier(user_id) or not isinstance(by_device, dict):
@@ -480,7 +490,7 @@ class InternalHttpServer:
 
     async def _client_typing(self, request: web.Request) -> web.Response:
         writes = self._writes_for("typing")
-        body = await self._json_body(request)
+        body = await read_json(request)
         timeout = _field(body, "timeout", int)
         if not 0 <= timeout <= 2**53:
             raise MatrixError(400, Codes.INVALID_PARAM, "timeout must be a non-negative integer")

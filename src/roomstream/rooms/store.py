@@ -11,7 +11,6 @@ from typing import Any
 import orjson
 
 from roomstream.events.model import Event, StateKey
-from roomstream.events.redaction import redact
 from roomstream.events.room_versions import RoomVersion, room_version
 from roomstream.state.groups import StateMap, get_state_entry_txn, get_state_txn
 from roomstream.storage import Database, Transaction
@@ -167,18 +166,6 @@ class EventStore:
             lambda t: t.query_one("SELECT json FROM event_json WHERE event_id = ?", (event_id,))
         )
         return None if row is None else bytes(row[0])
-
-    async def get_event_for_client(self, event_id: str) -> dict[str, Any] | None:
-        """The event as a reader should see it: pruned if a valid redaction applies."""
-        event = await self.get_event(event_id)
-        if event is None:
-            return None
-        meta = (await self.get_meta([event_id])).get(event_id)
-        if meta is not None and meta.redacted_by is not None:
-            pruned = redact(event.data, event.room_version)
-            pruned.setdefault("unsigned", {})["redacted_because"] = meta.redacted_by
-            return pruned
-        return dict(event.data)
 
     async def get_meta(self, event_ids: Iterable[str]) -> dict[str, EventMeta]:
         return await self.db.run_interaction(load_meta_txn, list(event_ids))
