@@ -22,12 +22,41 @@ Command = Callable[[Config, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 async def cmd_migrate(config: Config, args: argparse.Namespace) -> int:
+    """Apply the migrations, then rebuild the visibility records they listed (rooms
+    persisted before schema 5), so that the server starts with every room complete."""
+    from roomstream.reading.backfill import VisibilityBackfill
+
     db = connect(config.database)
     try:
         version = await prepare_database(db)
+        console.print(f"schema at version {version} ({config.database.engine})")
+        done = await VisibilityBackfill(db).run_pending()
+        if done.rooms:
+            console.print(f"visibility records rebuilt: {done.rooms} rooms, {done.events} events")
     finally:
         await db.close()
-    console.print(f"schema at version {version} ({config.database.engine})")
+    return 0
+
+
+async def cmd_rebuild_visibility(config: Config, args: argparse.Namespace) -> int:
+    """Rebuild the read side's visibility records from the stored events and state."""
+    from roomstream.reading.backfill import VisibilityBackfill
+
+    db = connect(config.database)
+    try:
+        await prepare_database(db)
+        backfill = VisibilityBackfill(db, batch_size=args.batch_size)
+        reset = not args.missing_only
+        if args.room:
+            done = await backfill.rebuild_room(args.room, reset=reset)
+        else:
+            done = await backfill.rebuild_all(reset=reset)
+    finally:
+        await db.close()
+    console.print(
+        f"visibility records {'rebuilt' if reset else 'completed'}: {done.rooms} rooms,"
+        f" {done.events} events recorded in {done.batches} transactions"
+    )
     return 0
 
 
@@ -260,7 +289,11 @@ async def cmd_import(config: Config, args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, tuple[Command, str]] = {
     "run": (cmd_run, "set up the database and run this instance until interrupted"),
-    "migrate": (cmd_migrate, "apply schema migrations and exit"),
+    "migrate": (cmd_migrate, "apply schema migrations (and the backfills they need) and exit"),
+    "rebuild-visibility": (
+        cmd_rebuild_visibility,
+        "rebuild the read side's visibility records of one room or all from stored events",
+    ),
     "streams": (cmd_streams, "show stream writers and positions"),
     "register": (cmd_register, "create a local user (Matrix account) with a password"),
     "views": (cmd_views, "update the derived room/user views with Spark"),
@@ -296,6 +329,20 @@ def build_parser() -> argparse.ArgumentParser:
                 help="also run the views streaming job (`roomstream views --follow`) in a"
                 " child process, which keeps /publicRooms and /user_directory/search current"
                 " (default: the run_views_job config key, false; `make run` turns it on)",
+            )
+        if name == "rebuild-visibility":
+            p.add_argument("--room", help="only this room (default: every room with events)")
+            p.add_argument(
+                "--missing-only",
+                action="store_true",
+                help="only record events that have no record yet (default: delete the"
+                " room's records and record every event again)",
+            )
+            p.add_argument(
+                "--batch-size",
+                type=int,
+                default=1000,
+                help="events per transaction (a persist into the room waits for one at most)",
             )
         if name == "register":
             p.add_argument("username", help="localpart, e.g. alice for @alice:server_name")

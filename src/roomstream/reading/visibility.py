@@ -51,6 +51,7 @@ __all__ = [
     "TimelineInput",
     "VisibilityRecorder",
     "allowed",
+    "timeline_lock",
     "visibility_class",
 ]
 
@@ -69,6 +70,13 @@ MEMBER = "m.room.member"
 
 Position = tuple[int, int]
 """(topological_ordering, stream_ordering) of a timeline event."""
+
+
+def timeline_lock(room_id: str) -> str:
+    """The lock every writer of a room's visibility records holds until it commits (the
+    persister, :mod:`roomstream.reading.backfill`): each appends relative to the room's
+    last committed timeline event, so two must not decide that concurrently."""
+    return f"roomstream.timeline:{room_id}"
 
 
 def visibility_class(content: Mapping[str, Any] | None) -> int:
@@ -174,6 +182,9 @@ class VisibilityRecorder:
         timeline = sorted((i for i in items if i.in_timeline), key=lambda i: i.position)
         if not timeline:
             return
+        # Serialise with other writers of this room (a backfill): on PostgreSQL, two
+        # transactions reading the same "last event" would each append after it.
+        txn.lock_exclusively(timeline_lock(room_id))
         batch_events = {i.event.event_id: i.event for i in items}
         self._prefetch_values(txn, timeline, batch_events)
         snapshots: dict[Position, _Snapshot] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Sequence
@@ -19,6 +21,7 @@ from roomstream.events.signing import (
     load_or_create_signing_key,
     required_signers,
 )
+from roomstream.reading.backfill import RebuildSummary, run_pending_in_background
 from roomstream.rooms.creation import LocalEventCreator
 from roomstream.rooms.keys import ServerKeyStore, local_key_map
 from roomstream.rooms.persist import EventPersister, PersistedEvent
@@ -28,6 +31,14 @@ from roomstream.storage import Database, connect, prepare_database
 from roomstream.streams import StreamSet
 
 logger = logging.getLogger(__name__)
+
+
+def _log_backfill_failure(task: asyncio.Task[RebuildSummary]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error(
+            "rebuilding visibility records failed (run `roomstream rebuild-visibility`)",
+            exc_info=task.exception(),
+        )
 
 
 class RoomEngine:
@@ -48,6 +59,9 @@ class RoomEngine:
         self.persister = EventPersister(self.store, streams, instance_name)
         self.creator = LocalEventCreator(self.persister, server_name, signing_key)
         self.keys = ServerKeyStore(database, local_key_map(server_name, signing_key))
+        #: Rebuilding the visibility records of rooms persisted before they existed
+        #: (started by :meth:`open` when migration 7 listed any; see reading.backfill).
+        self.visibility_backfill: asyncio.Task[RebuildSummary] | None = None
 
     @classmethod
     async def open(cls, config: Config) -> RoomEngine:
@@ -60,9 +74,19 @@ class RoomEngine:
             raise
         key = load_or_create_signing_key(config.data_dir, config.server_name)
         shorten_switch_interval()  # see roomstream.state.cooperative
-        return cls(database, streams, config.server_name, config.instance_name, key)
+        engine = cls(database, streams, config.server_name, config.instance_name, key)
+        # In the background, in bounded transactions: the rooms fill while we serve.
+        engine.visibility_backfill = await run_pending_in_background(database)
+        if engine.visibility_backfill is not None:
+            engine.visibility_backfill.add_done_callback(_log_backfill_failure)
+        return engine
 
     async def close(self) -> None:
+        if self.visibility_backfill is not None:
+            # Its progress is durable: the next start carries on where it stopped.
+            self.visibility_backfill.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.visibility_backfill
         await self.streams.flush()
         await self.db.close()
 
