@@ -303,6 +303,16 @@ COMMANDS: dict[str, tuple[Command, str]] = {
 }
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="roomstream", description=__doc__)
     parser.add_argument("-c", "--config", help="YAML configuration file (default: none needed)")
@@ -340,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument(
                 "--batch-size",
-                type=int,
+                type=_positive_int,
                 default=1000,
                 help="events per transaction (a persist into the room waits for one at most)",
             )

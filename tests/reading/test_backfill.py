@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roomstream.cli import main as cli_main
+from roomstream.config import load_config
 from roomstream.events.signing import load_or_create_signing_key
 from roomstream.reading import RoomReader
 from roomstream.reading.backfill import VisibilityBackfill
@@ -397,3 +398,24 @@ def test_roomstream_rebuild_visibility(db_config: DatabaseConfig, tmp_path: Path
             await database.close()
 
     asyncio.run(check())
+
+
+async def test_start_up_rebuilds_an_old_database_in_the_background(
+    db_config: DatabaseConfig, tmp_path: Path
+) -> None:
+    records, ordered = await persisted_then_downgraded(db_config, tmp_path)
+    config = load_config(str(_config_file(db_config, tmp_path)))
+    engine = await RoomEngine.open(config)
+    try:
+        assert engine.visibility_backfill is not None
+        done = await engine.visibility_backfill
+        assert done.rooms == len(records)
+        await assert_upgraded(engine.db, records, ordered)
+    finally:
+        await engine.close()
+    # The next start finds nothing to do.
+    engine = await RoomEngine.open(config)
+    try:
+        assert engine.visibility_backfill is None
+    finally:
+        await engine.close()
