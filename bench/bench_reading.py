@@ -440,6 +440,62 @@ async def bench_million(bench: Bench, sizes: Sizes) -> dict[str, Any]:
     return out
 
 
+# -- 6. rebuilding the visibility records -----------------------------------------------
+
+
+async def _tables(bench: Bench, room_id: str) -> list[list[Any]]:
+    def txn(t: Transaction) -> list[list[Any]]:
+        return [
+            t.query(
+                f"SELECT * FROM {table} WHERE room_id = ?"
+                " ORDER BY topological_ordering, stream_ordering, 2, 3, 4",
+                (room_id,),
+            )
+            for table in ("timeline_events", "visibility_memberships")
+        ]
+
+    return await bench.db.run_interaction(txn)
+
+
+async def bench_backfill(bench: Bench, sizes: Sizes) -> dict[str, Any]:
+    """A room of ``members`` joins then ``page_room_events`` messages, persisted
+    normally; its records wiped and rebuilt (``reading.backfill``): events/s, and the
+    rebuilt rows must equal the persister's."""
+    from roomstream.reading.backfill import VisibilityBackfill
+
+    room = await RemoteRoom.create(bench.engine, bench.remote_key)
+    events = [room.join(remote_user(i)) for i in range(sizes.members)]
+    events += [
+        room.message(remote_user(n % sizes.members), n) for n in range(sizes.page_room_events)
+    ]
+    await persist_in_batches(bench, events, 1_000)
+    persisted = await _tables(bench, room.room_id)
+
+    def wipe(t: Transaction) -> None:
+        for table in ("timeline_events", "visibility_memberships"):
+            t.execute(f"DELETE FROM {table} WHERE room_id = ?", (room.room_id,))
+
+    await bench.db.run_interaction(wipe)
+    cpu, wall = time.process_time(), time.perf_counter()
+    done = await VisibilityBackfill(bench.db).rebuild_room(room.room_id)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    identical = await _tables(bench, room.room_id) == persisted
+    log(
+        f"  rebuilt {done.events} events ({sizes.members} members) in {wall:.2f} s"
+        f" ({fmt_rate(rate(done.events, wall))}/s, {cpu:.2f} s CPU here,"
+        f" {done.batches} transactions), identical rows: {identical}"
+    )
+    return {
+        "events": done.events,
+        "members": sizes.members,
+        "seconds": wall,
+        "cpu_seconds": cpu,
+        "events_per_s": rate(done.events, wall),
+        "transactions": done.batches,
+        "identical": identical,
+    }
+
+
 # -- driver --------------------------------------------------------------------------------
 
 
@@ -453,6 +509,7 @@ async def run_engine(
         ("latest", bench_latest),
         ("paginate", bench_paginate),
         ("million", bench_million),
+        ("backfill", bench_backfill),
     )
     for name, phase in phases:
         if only and name not in only:
@@ -514,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--phase",
         action="append",
-        choices=["visibility_rows", "sync", "latest", "paginate", "million"],
+        choices=["visibility_rows", "sync", "latest", "paginate", "million", "backfill"],
         help="only this phase (repeatable); results go to reading.<phases>.json",
     )
     return asyncio.run(main_async(parser.parse_args(argv)))
