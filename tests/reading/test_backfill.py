@@ -21,6 +21,7 @@ in the middle); their two tables are snapshotted, wiped and rebuilt. On both eng
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,6 +35,7 @@ from roomstream.config import load_config
 from roomstream.events.signing import load_or_create_signing_key
 from roomstream.reading import RoomReader
 from roomstream.reading.backfill import VisibilityBackfill
+from roomstream.reading.visibility import timeline_lock
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
 from roomstream.storage.migrations import load_migrations, split_statements
@@ -419,3 +421,72 @@ async def test_start_up_rebuilds_an_old_database_in_the_background(
         assert engine.visibility_backfill is None
     finally:
         await engine.close()
+
+
+async def test_rebuild_while_the_room_gets_events(
+    db_config: DatabaseConfig, tmp_path: Path
+) -> None:
+    """The rebuild (one event per transaction) and persists into the same room run at once
+    (each on its own database thread); whatever the interleaving, every read is right."""
+    async with opened(db_config, tmp_path) as player:
+        engine, database = player.engine, player.engine.db
+        reader = RoomReader.for_engine(engine)
+        script, version = FIXED[0]
+        played = await player.play(script, version)
+        await wipe(database, played.room_id)
+        users = played.users
+
+        async def traffic() -> None:
+            for n, (sender, kind) in enumerate(
+                [("eve", "join"), ("dave", "join"), ("alice", "message"), ("eve", "message"),
+                 ("dave", "leave"), ("alice", "message"), ("eve", "leave"), ("alice", "message")]
+            ):  # fmt: skip
+                user = users[sender]
+                if kind == "message":
+                    body = {"body": f"new {n}"}
+                    await player.send(played.room_id, user, "m.room.message", body)
+                else:
+                    content = {"membership": kind}
+                    await player.send(
+                        played.room_id, user, "m.room.member", content, state_key=user
+                    )
+
+        backfill = VisibilityBackfill(database, batch_size=1)
+        await asyncio.gather(backfill.rebuild_room(played.room_id), traffic())
+        # The persister recorded the new events, the rebuild the old ones: none is left.
+        assert (await backfill.rebuild_room(played.room_id)).events == 0
+        await check_room(engine, reader, played)
+
+
+async def test_a_persist_waits_for_a_rebuild_batch(
+    db_config: DatabaseConfig, tmp_path: Path
+) -> None:
+    """The persister takes the room's timeline lock that each rebuild transaction holds:
+    while one holds it, a persist into the room does not commit (on PostgreSQL the two
+    would otherwise both append after the same "last event")."""
+    async with opened(db_config, tmp_path) as player:
+        database = player.engine.db
+        played = await player.play([("join", "bob"), ("message", "bob")], "12")
+        held, release = threading.Event(), threading.Event()
+
+        def hold(txn: Transaction) -> None:
+            txn.lock_exclusively(timeline_lock(played.room_id))
+            held.set()
+            release.wait(60)
+
+        holder = asyncio.create_task(database.run_interaction(hold))
+        assert await asyncio.to_thread(held.wait, 60)
+        body = {"body": "waits"}
+        send = asyncio.create_task(
+            player.send(played.room_id, played.users["alice"], "m.room.message", body)
+        )
+        finished, _ = await asyncio.wait({send}, timeout=1.0)
+        try:
+            # Not a timing assumption: with the lock held, it cannot have finished.
+            assert not finished
+        finally:
+            release.set()
+            await holder
+        event = await send
+        timeline, _ = await tables(database, played.room_id)
+        assert timeline[-1][3] == event.event_id

@@ -76,7 +76,11 @@ class RoomEngine:
         shorten_switch_interval()  # see roomstream.state.cooperative
         engine = cls(database, streams, config.server_name, config.instance_name, key)
         # In the background, in bounded transactions: the rooms fill while we serve.
-        engine.visibility_backfill = await run_pending_in_background(database)
+        try:
+            engine.visibility_backfill = await run_pending_in_background(database)
+        except BaseException:
+            await database.close()
+            raise
         if engine.visibility_backfill is not None:
             engine.visibility_backfill.add_done_callback(_log_backfill_failure)
         return engine
