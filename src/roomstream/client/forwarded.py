@@ -30,6 +30,20 @@ class ForwardedWrites:
         requester = Requester(creator, FORWARDED_DEVICE)
         return await self.rooms.create_room(requester, CreateRoomRequest.parse(request))
 
+    async def send_once(
+        self,
+        room_id: str,
+        user_id: str,
+        device_id: str,
+        txn_id: str,
+        event_type: str,
+        content: dict[str, Any],
+        redacts: str | None,
+    ) -> str:
+        return await self.rooms.send_once(
+            Requester(user_id, device_id), room_id, txn_id, event_type, content, redacts
+        )
+
     async def put_account_data(
         self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]
     ) -> None:

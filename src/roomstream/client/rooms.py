@@ -108,7 +108,7 @@ class RoomService:
         self.events = events
         self.store = store
         self.reader = reader
-        self._txn_locks: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = (
+        self._txn_locks: weakref.WeakValueDictionary[tuple[str, str, str, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
 
@@ -278,12 +278,7 @@ class RoomService:
         txn_id: str,
     ) -> str:
         """``PUT /send``: the same (device, transaction ID) always gives the same event."""
-        return await self._once(
-            requester,
-            room_id,
-            txn_id,
-            lambda: self.writer.send(room_id, requester.user_id, event_type, content),
-        )
+        return await self.send_once(requester, room_id, txn_id, event_type, content, None)
 
     async def redact(
         self,
@@ -294,28 +289,41 @@ class RoomService:
         txn_id: str,
     ) -> str:
         content: dict[str, Any] = {} if reason is None else {"reason": reason}
-        return await self._once(
-            requester,
-            room_id,
-            txn_id,
-            lambda: self.writer.send(
-                room_id, requester.user_id, "m.room.redaction", content, redacts=event_id
-            ),
+        return await self.send_once(
+            requester, room_id, txn_id, "m.room.redaction", content, event_id
         )
 
-    async def _once(self, requester: Requester, room_id: str, txn_id: str, make: Any) -> str:
+    async def send_once(
+        self,
+        requester: Requester,
+        room_id: str,
+        txn_id: str,
+        event_type: str,
+        content: Mapping[str, Any],
+        redacts: str | None,
+    ) -> str:
+        """Send an event unless this device already sent one with ``txn_id``; its ID.
+
+        Carried out whole by the writer of the room (forwarded there from any other
+        process), under a per-transaction lock: the look-up and the send are one critical
+        section there, and the transaction ID is stored in the event's own write
+        transaction, so neither concurrent retries (through any process) nor a crash
+        between the two can give two events. The sender's membership is checked by the
+        auth rules when the event is created (403 M_FORBIDDEN), not by a read here.
+        """
         key = (requester.user_id, requester.device_id, txn_id)
-        lock = self._txn_locks.get(key)
+        if not self.writer.writes_room(room_id):
+            return await self.writer.forward_send_once(room_id, key, event_type, content, redacts)
+        lock = self._txn_locks.get((room_id, *key))
         if lock is None:
-            lock = self._txn_locks[key] = asyncio.Lock()
+            lock = self._txn_locks[(room_id, *key)] = asyncio.Lock()
         async with lock:
             existing = await self.reader.event_for_transaction(room_id, *key)
             if existing is not None:
                 return existing
-            await self.require_joined(requester, room_id)
-            event_id = str(await make())
-            await self.reader.record_transaction_id(event_id, room_id, *key)
-            return event_id
+            return await self.writer.send(
+                room_id, requester.user_id, event_type, content, redacts=redacts, transaction=key
+            )
 
     async def set_state(
         self,

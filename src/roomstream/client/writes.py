@@ -33,6 +33,7 @@ from roomstream.events.room_versions import RoomVersion
 from roomstream.replication.http import RETRY_AFTER_MS, InternalHttpClient
 from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.creation import LocalEventCreator, RoomPreset
+from roomstream.rooms.persist import TransactionKey
 
 __all__ = ["RoomWriter", "UserDataWriter"]
 
@@ -69,6 +70,10 @@ class RoomWriter:
     def _owner(self, room_id: str) -> str:
         return writer_for_room(room_id, self.config.writers_of("events"))
 
+    def writes_room(self, room_id: str) -> bool:
+        """Events of ``room_id`` are created on this process (else forwarded)."""
+        return self.http_client is None or self._owner(room_id) == self.config.instance_name
+
     @property
     def creates_rooms_here(self) -> bool:
         """New rooms are created by this process (else :meth:`forward_create_room`)."""
@@ -83,17 +88,26 @@ class RoomWriter:
         *,
         state_key: str | None = None,
         redacts: str | None = None,
+        transaction: TransactionKey | None = None,
     ) -> str:
         """Create, authorize and persist one event; its event ID.
 
         Auth failures surface as ``AuthError`` (403 M_FORBIDDEN), from here or the owner.
+        ``transaction`` (only where :meth:`writes_room`): recorded with the event.
         """
         owner = self._owner(room_id)
         if owner == self.config.instance_name or self.http_client is None:
             created = await self.creator.create_event(
-                room_id, sender, event_type, content, state_key=state_key, redacts=redacts
+                room_id,
+                sender,
+                event_type,
+                content,
+                state_key=state_key,
+                redacts=redacts,
+                transaction=transaction,
             )
             return created.event.event_id
+        assert transaction is None, "idempotent sends go to the owner whole (forward_send_once)"
         result = await _forwarded(
             owner,
             self.http_client.send_event(
@@ -101,6 +115,25 @@ class RoomWriter:
             ),
         )
         return str(result["event_id"])
+
+    async def forward_send_once(
+        self,
+        room_id: str,
+        transaction: TransactionKey,
+        event_type: str,
+        content: Mapping[str, Any],
+        redacts: str | None,
+    ) -> str:
+        """Have the room's owner carry out a whole idempotent send (``PUT /send``)."""
+        assert self.http_client is not None
+        owner = self._owner(room_id)
+        user_id, device_id, txn_id = transaction
+        return await _forwarded(
+            owner,
+            self.http_client.client_send_once(
+                owner, room_id, user_id, device_id, txn_id, event_type, dict(content), redacts
+            ),
+        )
 
     async def create_room(self, creator: str, version: RoomVersion, preset: RoomPreset) -> str:
         """A new room, created here (:attr:`creates_rooms_here`), with the creator joined,
