@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from roomstream.accounts import Requester, parse_user_id
 from roomstream.client.request import optional
@@ -20,15 +23,18 @@ from roomstream.client.store import ClientStore
 from roomstream.client.writes import RoomWriter
 from roomstream.errors import Codes, MatrixError
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, room_version
-from roomstream.reading import RoomReader
+from roomstream.reading import RoomReader, client_event
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.store import EventStore
+from roomstream.state.groups import StateMap
 
 __all__ = ["CreateRoomRequest", "RoomService", "StateEvent"]
 
 PRESETS = ("private_chat", "public_chat", "trusted_private_chat")
 MEMBERSHIP_ACTIONS = ("invite", "kick", "ban", "unban")
 MAX_ALIAS_LENGTH = 255
+#: Rooms whose serialised ``/state`` answer is kept (see ``current_state_json``).
+STATE_JSON_CACHE_ROOMS = 256
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,8 @@ class RoomService:
         self.events = events
         self.store = store
         self.reader = reader
+        #: Room ID -> (the current state, its ``/state`` answer), least recently used first.
+        self._state_json: OrderedDict[str, tuple[StateMap, bytes]] = OrderedDict()
         self._txn_locks: weakref.WeakValueDictionary[tuple[str, str, str, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
@@ -125,6 +133,34 @@ class RoomService:
         if event is None:
             return None
         return event_id, dict(event.data.get("content") or {}), str(event.data.get("sender"))
+
+    async def current_state_json(self, requester: Requester, room_id: str) -> bytes:
+        """``GET /rooms/{id}/state``: the room's current state events in the client
+        format, serialised; 403 unless the requester is joined.
+
+        One database read (the current state's event IDs, with the requester's
+        membership). The serialised answer is cached per room together with the state
+        map it was made from, and reused while the state read now is equal to it: the
+        answer depends on nothing else (no viewer-specific fields), so a cached answer
+        is never stale, on any process, without any invalidation.
+        """
+        state, membership = await self.events.get_current_state_and_membership(
+            room_id, requester.user_id
+        )
+        if membership != "join":
+            raise MatrixError(
+                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
+            )
+        cached = self._state_json.get(room_id)
+        if cached is not None and cached[0] == state:
+            self._state_json.move_to_end(room_id)
+            return cached[1]
+        events = await self.events.get_events(state.values())
+        body = orjson.dumps([client_event(e) for e in events.values()])
+        self._state_json[room_id] = (state, body)
+        if len(self._state_json) > STATE_JSON_CACHE_ROOMS:
+            self._state_json.popitem(last=False)
+        return body
 
     async def membership(self, room_id: str, user_id: str) -> str | None:
         return await self.events.get_membership(room_id, user_id)
