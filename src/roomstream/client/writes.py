@@ -35,12 +35,12 @@ from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.creation import LocalEventCreator, RoomPreset
 from roomstream.rooms.persist import TransactionKey
 
-__all__ = ["RoomWriter", "UserDataWriter"]
+__all__ = ["RoomWriter", "UserDataWriter", "forwarded_call"]
 
 T = TypeVar("T")
 
 
-async def _forwarded(instance: str, call: Awaitable[T]) -> T:
+async def forwarded_call(instance: str, call: Awaitable[T]) -> T:
     """Await a call to ``instance``; any failure to reach it is a 503 (the internal client
     already maps refused and timed-out connections; this catches the rest, and an
     instance with no ``http_port`` configured)."""
@@ -108,7 +108,7 @@ class RoomWriter:
             )
             return created.event.event_id
         assert transaction is None, "idempotent sends go to the owner whole (forward_send_once)"
-        result = await _forwarded(
+        result = await forwarded_call(
             owner,
             self.http_client.send_event(
                 room_id, sender, event_type, dict(content), state_key, redacts=redacts
@@ -128,7 +128,7 @@ class RoomWriter:
         assert self.http_client is not None
         owner = self._owner(room_id)
         user_id, device_id, txn_id = transaction
-        return await _forwarded(
+        return await forwarded_call(
             owner,
             self.http_client.client_send_once(
                 owner, room_id, user_id, device_id, txn_id, event_type, dict(content), redacts
@@ -153,7 +153,9 @@ class RoomWriter:
         """Have the first events writer carry out a whole ``createRoom`` request body."""
         assert self.http_client is not None
         first = self.config.writers_of("events")[0]
-        return await _forwarded(first, self.http_client.client_create_room(first, creator, request))
+        return await forwarded_call(
+            first, self.http_client.client_create_room(first, creator, request)
+        )
 
 
 class UserDataWriter:
@@ -188,7 +190,7 @@ class UserDataWriter:
             await self.data.put_account_data(user_id, room_id, data_type, content)
             return
         assert self.http_client is not None
-        await _forwarded(
+        await forwarded_call(
             remote,
             self.http_client.client_put_account_data(
                 remote, user_id, room_id, data_type, dict(content)
@@ -203,7 +205,7 @@ class UserDataWriter:
             await self.data.put_receipt(room_id, receipt_type, user_id, event_id, thread_id)
             return
         assert self.http_client is not None
-        await _forwarded(
+        await forwarded_call(
             remote,
             self.http_client.client_put_receipt(
                 remote, room_id, receipt_type, user_id, event_id, thread_id
@@ -219,7 +221,7 @@ class UserDataWriter:
             return
         assert self.http_client is not None
         plain = {user: {device: dict(c) for device, c in m.items()} for user, m in messages.items()}
-        await _forwarded(
+        await forwarded_call(
             remote, self.http_client.client_send_to_device(remote, sender, event_type, plain)
         )
 
@@ -233,7 +235,7 @@ class UserDataWriter:
                 )
             self.typing.set_typing(room_id, user_id, typing, timeout_ms)
             return
-        await _forwarded(
+        await forwarded_call(
             owner,
             self.http_client.client_set_typing(owner, room_id, user_id, typing, timeout_ms),
         )

@@ -24,6 +24,9 @@ forwarding process has already authenticated the user and checked membership:
   "content", "redacts"?}``: a client's idempotent send (``PUT /send``, ``/redact``) on
   the writer that owns the room, which alone decides whether the transaction ID was
   used already (so concurrent retries through different processes get one event);
+- ``POST /client/end_sessions`` with ``{"user_id", "device_id"?}``: log a device out (all
+  of the user's without ``device_id``) on the writer of the ``caches`` stream, which
+  streams the token-cache invalidation with the deletion;
 - ``POST /client/account_data`` with ``{"user_id", "room_id"?, "type", "content"}``;
 - ``POST /client/receipt`` with ``{"room_id", "receipt_type", "user_id", "event_id",
   "thread_id"?}``;
@@ -227,6 +230,8 @@ class ClientWrites(Protocol):
         redacts: str | None,
     ) -> str: ...
 
+    async def end_sessions(self, user_id: str, device_id: str | None) -> None: ...
+
     async def put_account_data(
         self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]
     ) -> None: ...
@@ -313,6 +318,7 @@ class InternalHttpServer:
         forwarded = PREFIX + "/client"
         self.app.router.add_post(forwarded + "/create_room", self._client_create_room)
         self.app.router.add_post(forwarded + "/send", self._client_send)
+        self.app.router.add_post(forwarded + "/end_sessions", self._client_end_sessions)
         self.app.router.add_post(forwarded + "/account_data", self._client_account_data)
         self.app.router.add_post(forwarded + "/receipt", self._client_receipt)
         self.app.router.add_post(forwarded + "/to_device", self._client_to_device)
@@ -473,6 +479,15 @@ class InternalHttpServer:
             _identifier_field(body, "redacts", sigil="$", optional=True),
         )
         return web.json_response({"event_id": event_id})
+
+    async def _client_end_sessions(self, request: web.Request) -> web.Response:
+        writes = self._writes_for("caches")
+        body = await self._json_body(request)
+        await writes.end_sessions(
+            _identifier_field(body, "user_id", sigil="@"),
+            _field(body, "device_id", str, optional=True),
+        )
+        return web.json_response({})
 
     async def _client_account_data(self, request: web.Request) -> web.Response:
         writes = self._writes_for("account_data")
@@ -687,6 +702,12 @@ class InternalHttpClient:
         result = await self._call(instance_name, "POST", "/client/send", body=body)
         assert isinstance(result, dict)
         return str(result["event_id"])
+
+    async def client_end_sessions(
+        self, instance_name: str, user_id: str, device_id: str | None
+    ) -> None:
+        body = {"user_id": user_id, "device_id": device_id}
+        await self._call(instance_name, "POST", "/client/end_sessions", body=body)
 
     async def client_put_account_data(
         self,
