@@ -4,6 +4,7 @@ and the ``/state`` answer cache."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,9 +17,10 @@ from tests.client.conftest import Homeserver
 
 
 @contextmanager
-def counted_round_trips(database: Database) -> Iterator[list[str]]:
+def counted_round_trips(database: Database, *, with_notifier: bool = False) -> Iterator[list[str]]:
     """Names of the interactions run on ``database`` while the block runs, leaving out
-    the notifier's background reads (they serve waiting syncs, not the request)."""
+    the notifier's background reads (they serve waiting syncs, not the request) unless
+    ``with_notifier``."""
     calls: list[str] = []
     original = database.run_interaction
 
@@ -28,7 +30,7 @@ def counted_round_trips(database: Database) -> Iterator[list[str]]:
         while frame is not None:
             names.append(frame.f_code.co_filename)
             frame = frame.f_back  # type: ignore[assignment]
-        if not any(name.endswith("notifier.py") for name in names):
+        if with_notifier or not any(name.endswith("notifier.py") for name in names):
             calls.append(getattr(func, "__qualname__", repr(func)))
         return await original(func, *args, **kwargs)
 
@@ -62,6 +64,51 @@ async def test_a_send_costs_one_read_and_one_write(homeserver: Homeserver) -> No
         again = await homeserver.ok("PUT", path + "t1", {"body": "other"}, token=alice.token)
     assert again == sent
     assert len(calls) == 1, calls
+
+
+async def test_a_woken_sync_reads_only_the_new_events(homeserver: Homeserver) -> None:
+    """Between a send and the waiting sync's answer: the send's look-up and write, one
+    read of the new stream rows (which wakes the sync and brings the read path's change
+    caches up to date), and the sync's one read of the events."""
+    alice = await homeserver.register("alice")
+    bob = await homeserver.register("bob")
+    room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    await homeserver.ok(
+        "POST", f"/rooms/{room_id}/invite", {"user_id": bob.user_id}, token=alice.token
+    )
+    await homeserver.ok("POST", f"/rooms/{room_id}/join", {}, token=bob.token)
+    since = (await homeserver.ok("GET", "/sync?timeout=0", token=bob.token))["next_batch"]
+    await homeserver.engine.streams.flush()
+    notifier = homeserver.process.notifier
+    listening = asyncio.Event()
+    original_listen = notifier.listen
+
+    @contextmanager
+    def listen(user_id: str, room_ids: Any) -> Iterator[Any]:
+        with original_listen(user_id, room_ids) as waiter:
+            listening.set()
+            yield waiter
+
+    notifier.listen = listen  # type: ignore[method-assign]
+    waiting = asyncio.create_task(
+        homeserver.ok("GET", f"/sync?timeout=30000&since={since}", token=bob.token)
+    )
+    await listening.wait()
+    with counted_round_trips(homeserver.engine.db, with_notifier=True) as calls:
+        await homeserver.ok(
+            "PUT", f"/rooms/{room_id}/send/m.room.message/w", {"body": "hi"}, token=alice.token
+        )
+        answer = await waiting
+    bodies = [
+        e["content"].get("body") for e in answer["rooms"]["join"][room_id]["timeline"]["events"]
+    ]
+    assert bodies == ["hi"]
+    assert [c for c in calls if c != "StreamIdGenerator._store_position_txn"] == [
+        "RoomReader.event_for_transaction.<locals>.<lambda>",
+        "StreamIdGenerator.run_with_ids.<locals>.txn_func",
+        "get_updates_txn",
+        "RoomReader._sync_txn",
+    ], calls
 
 
 async def test_transaction_id_is_stored_with_the_event(homeserver: Homeserver) -> None:

@@ -79,6 +79,17 @@ class ClientProcess:
             self.reader,
         )
         self.notifier = Notifier(engine.streams, config.instance_name)
+        reader = self.reader
+
+        def share_events_rows(
+            stream: str, writer: str, since: int, upto: int, updates: list[Any]
+        ) -> None:
+            if stream == "events":
+                reader.ingest_rows(writer, since, upto, updates)
+
+        # The rows read to wake syncs also bring the read path's change caches up to
+        # date: the woken sync does not read them a second time.
+        self.notifier.local_row_listeners.append(share_events_rows)
         self.userdata = UserData(engine.streams, config.instance_name)
         self.typing_state = TypingState()
         self.typing: TypingWriter | None = None

@@ -429,17 +429,33 @@ class RoomReader:
                     updates, upto, limited = await self.streams.get_updates(
                         "events", writer, since, position, 10_000
                     )
-                    for token, (kind, data) in updates:
-                        if kind != "ev":
-                            continue
-                        self._room_changes.entity_has_changed(data[1], token)
-                        if data[2] == "m.room.member" and data[3] is not None:
-                            self._member_changes.entity_has_changed(data[3], token)
+                    self._note_changes(updates)
                     since = upto
                     if not limited:
                         break
                 self._ingested[writer] = max(self._ingested.get(writer, 0), position)
         return EventsToken.from_positions(dict(self._ingested))
+
+    def ingest_rows(
+        self, writer: str, since: int, upto: int, updates: Sequence[tuple[int, Any]]
+    ) -> bool:
+        """Take ``writer``'s complete ``events`` rows after ``since`` up to ``upto``, read
+        by someone else (the notifier reads each local batch once to wake syncs), so the
+        sync they wake need not read them again. Ignored (False) unless this reader has
+        everything up to ``since`` already: the change caches must have no gap."""
+        if self._ingested.get(writer, 0) < since:
+            return False
+        self._note_changes(updates)
+        self._ingested[writer] = max(self._ingested.get(writer, 0), upto)
+        return True
+
+    def _note_changes(self, updates: Iterable[tuple[int, Any]]) -> None:
+        for token, (kind, data) in updates:
+            if kind != "ev":
+                continue
+            self._room_changes.entity_has_changed(data[1], token)
+            if data[2] == "m.room.member" and data[3] is not None:
+                self._member_changes.entity_has_changed(data[3], token)
 
     async def _rooms_for_user(self, user_id: str) -> dict[str, str]:
         """room -> the user's membership in its current state (any membership)."""
