@@ -10,8 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
+from roomstream.accounts import Requester
 from roomstream.accounts.token_cache import TOKEN_CACHE, TokenCache
 from roomstream.accounts.tokens import token_hash
+from roomstream.client import rooms as client_rooms
 from roomstream.storage import Database
 from tests.client.conftest import Homeserver
 
@@ -41,33 +45,82 @@ def counted_round_trips(database: Database, *, with_notifier: bool = False) -> I
         del database.run_interaction
 
 
-async def test_a_send_costs_one_read_and_one_write(homeserver: Homeserver) -> None:
+async def test_a_send_costs_one_write(homeserver: Homeserver) -> None:
     alice = await homeserver.register("alice")
     room = await homeserver.ok("POST", "/createRoom", {}, token=alice.token)
     path = f"/rooms/{room['room_id']}/send/m.room.message/"
-    await homeserver.ok("PUT", path + "warm", {"body": "0"}, token=alice.token)
+    with counted_round_trips(homeserver.engine.db) as calls:
+        await homeserver.ok("PUT", path + "warm", {"body": "0"}, token=alice.token)
+    # The device's first send in the room loads its transaction IDs there.
+    assert calls[0] == "RoomReader.transactions_of_device.<locals>.<lambda>", calls
     await homeserver.engine.streams.flush()
     with counted_round_trips(homeserver.engine.db) as calls:
         sent = await homeserver.ok("PUT", path + "t1", {"body": "1"}, token=alice.token)
-    # The transaction-ID look-up, then the event's one write transaction (which stores
-    # the transaction ID too); the token came from the cache. On SQLite (one connection)
-    # the stream position is stored in that same transaction; on PostgreSQL in the
-    # background, coalescing concurrent sends.
+    # Only the event's write transaction, which stores the transaction ID too; the token
+    # came from the cache. On SQLite (one connection) the stream position is stored in
+    # that same transaction; on PostgreSQL in the background, coalescing sends.
     background = [c for c in calls if c == "StreamIdGenerator._store_position_txn"]
     assert [c for c in calls if c not in background] == [
-        "RoomReader.event_for_transaction.<locals>.<lambda>",
-        "StreamIdGenerator.run_with_ids.<locals>.txn_func",
+        "StreamIdGenerator.run_with_ids.<locals>.txn_func"
     ], calls
     if homeserver.engine.db.engine_name == "sqlite":
         assert background == []
     with counted_round_trips(homeserver.engine.db) as calls:
         again = await homeserver.ok("PUT", path + "t1", {"body": "other"}, token=alice.token)
     assert again == sent
-    assert len(calls) == 1, calls
+    assert calls == []
+
+
+async def test_concurrent_retries_give_one_event(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    path = f"/rooms/{room_id}/send/m.room.message/"
+    answers = await asyncio.gather(
+        *(
+            homeserver.ok("PUT", path + f"t{i % 3}", {"body": str(i)}, token=alice.token)
+            for i in range(12)
+        )
+    )
+    by_txn: dict[str, set[str]] = {}
+    for i, answer in enumerate(answers):
+        by_txn.setdefault(f"t{i % 3}", set()).add(answer["event_id"])
+    assert all(len(ids) == 1 for ids in by_txn.values()), by_txn
+    assert len(set.union(*by_txn.values())) == 3
+
+
+@pytest.mark.parametrize("kept", [1, 10_000])
+async def test_transaction_ids_survive_forgetting_and_restarts(
+    homeserver: Homeserver, monkeypatch: pytest.MonkeyPatch, kept: int
+) -> None:
+    """A retry finds its event whether the device's transaction IDs are in memory, too
+    many to keep (``kept``), or gone (another process took over: a fresh service)."""
+    monkeypatch.setattr(client_rooms, "DEVICE_TRANSACTIONS_KEPT", kept)
+    alice = await homeserver.register("alice")
+    room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    path = f"/rooms/{room_id}/send/m.room.message/"
+    first = [
+        (await homeserver.ok("PUT", path + f"t{i}", {"body": str(i)}, token=alice.token))[
+            "event_id"
+        ]
+        for i in range(3)
+    ]
+    again = [
+        (await homeserver.ok("PUT", path + f"t{i}", {"body": "x"}, token=alice.token))["event_id"]
+        for i in range(3)
+    ]
+    assert again == first
+    service = homeserver.process.rooms
+    service._device_transactions.clear()
+    requester = Requester(alice.user_id, alice.device_id)
+    assert await service.send_event(requester, room_id, "m.room.message", {}, "t1") == first[1]
+    # Another device's t1 is another transaction.
+    other = Requester(alice.user_id, "OTHER")
+    assert await service.send_event(requester, room_id, "m.room.message", {}, "t1") == first[1]
+    assert await service.send_event(other, room_id, "m.room.message", {}, "t1") not in first
 
 
 async def test_a_woken_sync_reads_only_the_new_events(homeserver: Homeserver) -> None:
-    """Between a send and the waiting sync's answer: the send's look-up and write, one
+    """Between a send and the waiting sync's answer: the send's write, one
     read of the new stream rows (which wakes the sync and brings the read path's change
     caches up to date), and the sync's one read of the events."""
     alice = await homeserver.register("alice")
@@ -77,6 +130,9 @@ async def test_a_woken_sync_reads_only_the_new_events(homeserver: Homeserver) ->
         "POST", f"/rooms/{room_id}/invite", {"user_id": bob.user_id}, token=alice.token
     )
     await homeserver.ok("POST", f"/rooms/{room_id}/join", {}, token=bob.token)
+    await homeserver.ok(  # alice's first send in the room loads her transaction IDs
+        "PUT", f"/rooms/{room_id}/send/m.room.message/w0", {"body": "0"}, token=alice.token
+    )
     since = (await homeserver.ok("GET", "/sync?timeout=0", token=bob.token))["next_batch"]
     await homeserver.engine.streams.flush()
     notifier = homeserver.process.notifier
@@ -104,7 +160,6 @@ async def test_a_woken_sync_reads_only_the_new_events(homeserver: Homeserver) ->
     ]
     assert bodies == ["hi"]
     assert [c for c in calls if c != "StreamIdGenerator._store_position_txn"] == [
-        "RoomReader.event_for_transaction.<locals>.<lambda>",
         "StreamIdGenerator.run_with_ids.<locals>.txn_func",
         "get_updates_txn",
         "RoomReader._sync_txn",

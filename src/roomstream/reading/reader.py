@@ -1025,6 +1025,22 @@ class RoomReader:
             )
         )
 
+    async def transactions_of_device(
+        self, room_id: str, user_id: str, device_id: str, limit: int
+    ) -> dict[str, str] | None:
+        """Transaction ID -> event ID of every send of this device in the room; None if
+        there are more than ``limit``."""
+        rows = await self.db.run_interaction(
+            lambda t: t.query(
+                "SELECT txn_id, event_id FROM event_txn_ids WHERE room_id = ? AND user_id = ?"
+                " AND device_id = ? LIMIT ?",
+                (room_id, user_id, device_id, limit + 1),
+            )
+        )
+        if len(rows) > limit:
+            return None
+        return {str(r[0]): str(r[1]) for r in rows}
+
     async def event_for_transaction(
         self, room_id: str, user_id: str, device_id: str, txn_id: str
     ) -> str | None:
