@@ -1014,7 +1014,8 @@ class RoomReader:
         self, event_id: str, room_id: str, user_id: str, device_id: str, txn_id: str
     ) -> None:
         """Remember that ``device_id`` of ``user_id`` sent ``event_id`` with ``txn_id``
-        (the client API calls this after sending; shown to that device only)."""
+        (shown to that device only). The client API does not call this: its sends store
+        the record in the event's own transaction (``EventPersister``)."""
         now = int(self._clock() * 1000)
         await self.db.run_interaction(
             lambda t: t.execute(
