@@ -272,3 +272,24 @@ def test_token_cache_ignores_reads_that_raced_an_invalidation() -> None:
     cache.put("h4", ("@c:x", "G"), cache.generation)
     cache.apply_cache_row([TOKEN_CACHE, None, 0])
     assert len(cache) == 0
+
+
+async def test_rows_handed_to_the_read_path_must_leave_no_gap(homeserver: Homeserver) -> None:
+    """The notifier's rows feed the read path's change caches only when they continue
+    what it has: a batch after a gap is refused (the next sync reads the rows itself)."""
+    alice = await homeserver.register("alice")
+    await homeserver.ok("GET", "/sync?timeout=0", token=alice.token)  # reader caught up
+    reader = homeserver.process.reader
+    writer = homeserver.config.instance_name
+    have = reader._ingested[writer]
+    row = (
+        "ev",
+        ("$e", "!room", "m.room.member", "@x:test.local", None, None, "join", False, False),
+    )
+    assert not reader.ingest_rows(writer, have + 1, have + 2, [(have + 2, row)])
+    assert reader._ingested[writer] == have
+    assert not reader._member_changes.has_entity_changed("@x:test.local", have)
+    assert reader.ingest_rows(writer, have, have + 2, [(have + 2, row)])
+    assert reader._ingested[writer] == have + 2
+    assert reader._member_changes.has_entity_changed("@x:test.local", have)
+    assert reader._room_changes.has_entity_changed("!room", have)
