@@ -386,3 +386,34 @@ async def test_writes_for_a_down_writer_answer_503_matrix_json(split_cluster: Cl
             assert status == 503, (path, status, answer)
             assert answer["errcode"] == "M_UNAVAILABLE", (path, answer)
             assert isinstance(answer["retry_after_ms"], int), (path, answer)
+
+
+async def test_logout_on_one_process_ends_the_token_on_another(
+    tmp_path: Path, pg_database: str, redis_url: str
+) -> None:
+    """Each process caches token owners; a logout on the reader (forwarded to w1, the
+    ``caches`` writer, which streams the invalidation) ends the token on w2 as well."""
+    async with run_cluster(tmp_path, pg_database, {"caches": ["w1"]}) as (_, raw):
+        urls = {
+            name: f"http://127.0.0.1:{raw['instances'][name]['http_port']}/_matrix/client/v3"
+            for name in ("reader", "w2")
+        }
+        async with aiohttp.ClientSession() as session:
+            body = {"username": "carol", "password": "pw-carol", "auth": {"type": "m.login.dummy"}}
+            async with session.post(urls["reader"] + "/register", json=body) as resp:
+                assert resp.status == 200
+                token = (await resp.json())["access_token"]
+            headers = {"Authorization": f"Bearer {token}"}
+            async with session.get(urls["w2"] + "/account/whoami", headers=headers) as resp:
+                assert resp.status == 200  # now in w2's token cache
+            async with session.post(urls["reader"] + "/logout", headers=headers, json={}) as resp:
+                assert resp.status == 200
+            async with session.get(urls["reader"] + "/account/whoami", headers=headers) as resp:
+                assert resp.status == 401  # at once where the logout was made
+            for _ in range(300):  # until the caches row has reached w2 (bounded)
+                async with session.get(urls["w2"] + "/account/whoami", headers=headers) as resp:
+                    status, answer = resp.status, await resp.json()
+                if status == 401:
+                    break
+                await asyncio.sleep(0.05)  # replication is asynchronous; not synchronisation
+            assert (status, answer["errcode"]) == (401, "M_UNKNOWN_TOKEN")

@@ -206,6 +206,8 @@ async def test_forwarded_client_writes_are_validated_and_only_taken_by_their_wri
             ("typing", {"room_id": "!r", "user_id": alice, "typing": True, "timeout": 1}),
             ("create_room", {"creator": alice, "request": {}}),
             ("receipt", {}),  # receipts are written by main, which is not running
+            ("send", {"room_id": "!r"}),
+            ("end_sessions", {"user_id": alice}),  # caches: main too
         ):
             status, answer = await post(f"{base['w2']}/{route}", body)
             assert (status, answer["errcode"]) == (421, "IO.ROOMSTREAM.WRONG_WRITER"), answer
@@ -241,3 +243,25 @@ async def test_forwarded_client_writes_are_validated_and_only_taken_by_their_wri
         stored = await w1.engine.store.get_event(str(answer["event_id"]))
         assert stored is not None and stored.data["redacts"] == "$gone"
         assert "redacts" not in stored.data["content"]
+        # An idempotent client send: the same (device, transaction) gives the same event.
+        send = {
+            "room_id": room_id,
+            "user_id": alice,
+            "device_id": "PHONE",
+            "txn_id": "t1",
+            "type": "m.room.message",
+            "content": {"body": "hi"},
+        }
+        for body, expected in (
+            ({**send, "txn_id": None}, (400, "M_MISSING_PARAM")),
+            ({**send, "device_id": 5}, (400, "M_BAD_JSON")),
+            ({**send, "room_id": "nope"}, (400, "M_INVALID_PARAM")),
+            ({**send, "redacts": "x"}, (400, "M_INVALID_PARAM")),
+        ):
+            status, answer = await post(f"{base['w1']}/send", body)
+            assert (status, answer["errcode"]) == expected, (body, answer)
+        first = await post(f"{base['w1']}/send", send)
+        again = await post(f"{base['w1']}/send", {**send, "content": {"body": "other"}})
+        assert first[0] == 200 and first == again, (first, again)
+        other_device = await post(f"{base['w1']}/send", {**send, "device_id": "LAPTOP"})
+        assert other_device[0] == 200 and other_device != first

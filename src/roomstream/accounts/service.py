@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from roomstream.accounts.passwords import hash_password, verify_password
 from roomstream.accounts.store import AccountStore, UserExistsError
+from roomstream.accounts.token_cache import TOKEN_CACHE, TokenCache
 from roomstream.accounts.tokens import new_access_token, new_device_id, token_hash
+from roomstream.caches import stream_invalidation_txn
 from roomstream.errors import Codes, MatrixError
+from roomstream.storage import Transaction
+from roomstream.streams import StreamIdGenerator
 
 __all__ = [
     "Accounts",
@@ -38,6 +43,10 @@ INVALID_USERNAME = "M_INVALID_USERNAME"
 UNKNOWN_TOKEN = "M_UNKNOWN_TOKEN"
 MISSING_TOKEN = "M_MISSING_TOKEN"
 GUEST_ACCESS_FORBIDDEN = "M_GUEST_ACCESS_FORBIDDEN"
+
+
+#: Ends sessions on the process that writes the ``caches`` stream: (user, device or None).
+EndSessions = Callable[[str, str | None], Awaitable[None]]
 
 
 class UserInteractiveAuthRequired(MatrixError):
@@ -81,11 +90,27 @@ class Accounts:
     """Local accounts of ``server_name``."""
 
     def __init__(
-        self, store: AccountStore, server_name: str, *, registration_enabled: bool = True
+        self,
+        store: AccountStore,
+        server_name: str,
+        *,
+        registration_enabled: bool = True,
+        token_cache: TokenCache | None = None,
+        caches_writer: StreamIdGenerator | None = None,
+        forward_end_sessions: EndSessions | None = None,
     ) -> None:
+        """``token_cache``: token owners kept in memory (see
+        :mod:`~roomstream.accounts.token_cache`); then ending sessions must reach every
+        process's cache: through ``caches_writer`` (this process writes the ``caches``
+        stream) or else ``forward_end_sessions`` (the writer of that stream does it)."""
+        if token_cache is not None and caches_writer is None and forward_end_sessions is None:
+            raise ValueError("a token cache needs a way to invalidate it everywhere")
         self.store = store
         self.server_name = server_name
         self.registration_enabled = registration_enabled
+        self.token_cache = token_cache
+        self._caches_writer = caches_writer
+        self._forward_end_sessions = forward_end_sessions
 
     # -- user IDs ----------------------------------------------------------------------
 
@@ -219,16 +244,56 @@ class Accounts:
         """The owner of a token: M_MISSING_TOKEN / M_UNKNOWN_TOKEN (401) otherwise."""
         if not access_token:
             raise MatrixError(401, MISSING_TOKEN, "missing access token")
-        owner = await self.store.get_token_owner(token_hash(access_token))
+        hashed = token_hash(access_token)
+        cache = self.token_cache
+        if cache is None:
+            owner = await self.store.get_token_owner(hashed)
+        else:
+            owner = cache.get(hashed)
+            if owner is None:
+                generation = cache.generation
+                owner = await self.store.get_token_owner(hashed)
+                if owner is not None:
+                    cache.put(hashed, owner, generation)
         if owner is None:
             raise MatrixError(401, UNKNOWN_TOKEN, "unknown or expired access token")
         return Requester(*owner)
 
     async def logout(self, requester: Requester) -> None:
-        await self.store.delete_device(requester.user_id, requester.device_id)
+        await self.end_sessions(requester.user_id, requester.device_id)
 
     async def logout_all(self, requester: Requester) -> None:
-        await self.store.delete_all_devices(requester.user_id)
+        await self.end_sessions(requester.user_id, None)
+
+    async def end_sessions(self, user_id: str, device_id: str | None) -> None:
+        """Delete one device of ``user_id`` (None: all of them) with its tokens, and end
+        the tokens in every process's token cache (see the constructor)."""
+        cache = self.token_cache
+        if cache is None:
+            await self._delete_sessions(user_id, device_id, None)
+            return
+        writer = self._caches_writer
+        if writer is None:
+            assert self._forward_end_sessions is not None
+            await self._forward_end_sessions(user_id, device_id)
+        else:
+            instance = writer.instance_name
+            async with writer.reserve() as stream_id:
+
+                def invalidation(txn: Transaction) -> None:
+                    stream_invalidation_txn(txn, stream_id, instance, TOKEN_CACHE, [user_id])
+
+                await self._delete_sessions(user_id, device_id, invalidation)
+        # This process's cache at once (other processes: when the row reaches them).
+        cache.invalidate_user(user_id)
+
+    async def _delete_sessions(
+        self, user_id: str, device_id: str | None, also: Callable[[Transaction], None] | None
+    ) -> None:
+        if device_id is None:
+            await self.store.delete_all_devices(user_id, also)
+        else:
+            await self.store.delete_device(user_id, device_id, also)
 
 
 def _check_password(password: str | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from roomstream.storage import Database, Transaction
@@ -96,10 +97,15 @@ class AccountStore:
         )
         return None if row is None else (row[0], row[1])
 
-    async def delete_device(self, user_id: str, device_id: str) -> None:
-        """Log a device out: its tokens and the device itself go."""
+    async def delete_device(
+        self, user_id: str, device_id: str, also: Callable[[Transaction], None] | None = None
+    ) -> None:
+        """Log a device out: its tokens and the device itself go (``also`` runs in the
+        same transaction: the cache invalidation)."""
 
         def txn(t: Transaction) -> None:
+            if also is not None:
+                also(t)
             t.execute(
                 "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ?",
                 (user_id, device_id),
@@ -110,8 +116,12 @@ class AccountStore:
 
         await self.db.run_interaction(txn)
 
-    async def delete_all_devices(self, user_id: str) -> None:
+    async def delete_all_devices(
+        self, user_id: str, also: Callable[[Transaction], None] | None = None
+    ) -> None:
         def txn(t: Transaction) -> None:
+            if also is not None:
+                also(t)
             t.execute("DELETE FROM access_tokens WHERE user_id = ?", (user_id,))
             t.execute("DELETE FROM devices WHERE user_id = ?", (user_id,))
 

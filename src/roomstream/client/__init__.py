@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from roomstream.accounts import Accounts, AccountStore
+from roomstream.accounts.service import EndSessions
+from roomstream.accounts.token_cache import TokenCache
 from roomstream.client.account_routes import account_routes
 from roomstream.client.directory import DirectoryReader
 from roomstream.client.directory_routes import directory_routes
@@ -32,12 +34,12 @@ from roomstream.client.sync import SyncHandler
 from roomstream.client.typing import TypingState, TypingWriter
 from roomstream.client.userdata import UserData
 from roomstream.client.userdata_routes import userdata_routes
-from roomstream.client.writes import RoomWriter, UserDataWriter
+from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
 from roomstream.config import Config
 from roomstream.reading import RoomReader
 from roomstream.replication.http import InternalHttpClient
 from roomstream.rooms.engine import RoomEngine
-from roomstream.streams import InMemoryStream
+from roomstream.streams import InMemoryStream, StreamIdGenerator
 
 __all__ = ["ClientApi", "ClientProcess", "build_client_api"]
 
@@ -55,10 +57,17 @@ class ClientProcess:
         announce: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
+        caches_writer, forward_end_sessions = _token_invalidation(config, engine, http_client)
+        self.token_cache = (
+            None if caches_writer is None and forward_end_sessions is None else TokenCache()
+        )
         self.accounts = Accounts(
             AccountStore(engine.db),
             config.server_name,
             registration_enabled=config.enable_registration,
+            token_cache=self.token_cache,
+            caches_writer=caches_writer,
+            forward_end_sessions=forward_end_sessions,
         )
         self.store = ClientStore(engine.db)
         self.reader = RoomReader.for_engine(engine)
@@ -70,6 +79,17 @@ class ClientProcess:
             self.reader,
         )
         self.notifier = Notifier(engine.streams, config.instance_name)
+        reader = self.reader
+
+        def share_events_rows(
+            stream: str, writer: str, since: int, upto: int, updates: list[Any]
+        ) -> None:
+            if stream == "events":
+                reader.ingest_rows(writer, since, upto, updates)
+
+        # The rows read to wake syncs also bring the read path's change caches up to
+        # date: the woken sync does not read them a second time.
+        self.notifier.local_row_listeners.append(share_events_rows)
         self.userdata = UserData(engine.streams, config.instance_name)
         self.typing_state = TypingState()
         self.typing: TypingWriter | None = None
@@ -86,7 +106,7 @@ class ClientProcess:
             self.typing = TypingWriter(self.typing_state, append_typing)
         self.user_data_writer = UserDataWriter(config, self.userdata, self.typing, http_client)
         #: What this process does for writes other processes forward to it.
-        self.forwarded = ForwardedWrites(self.rooms, self.userdata, self.typing)
+        self.forwarded = ForwardedWrites(self.accounts, self.rooms, self.userdata, self.typing)
         self.api = ClientApi(
             self.accounts,
             [
@@ -127,6 +147,9 @@ class ClientProcess:
         if stream_name == "typing":
             for row in rows:
                 self.typing_state.apply(token, str(row[0]), list(row[1]))
+        elif stream_name == "caches" and self.token_cache is not None:
+            for row in rows:
+                self.token_cache.apply_cache_row(row)
         self.notifier.on_replicated_rows(stream_name, writer, token, rows)
 
     def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None:
@@ -136,6 +159,29 @@ class ClientProcess:
         self.notifier.close()
         if self.typing is not None:
             self.typing.close()
+
+
+def _token_invalidation(
+    config: Config, engine: RoomEngine, http_client: InternalHttpClient | None
+) -> tuple[StreamIdGenerator | None, EndSessions | None]:
+    """How this process ends sessions so that every process's token cache forgets them:
+    it writes the ``caches`` stream itself, or forwards to the process that does. Neither
+    (no ``caches`` writer among the configured instances with an ``http_port``): no token
+    cache."""
+    if "caches" not in engine.streams:
+        return None, None
+    generator = engine.streams.generator("caches")
+    if generator.is_writer():
+        return generator, None
+    writer = config.writers_of("caches")[0]
+    if http_client is None or not config.instance(writer).http_port:
+        return None, None  # cannot reach it: logouts could not end tokens elsewhere
+    client = http_client
+
+    async def forward(user_id: str, device_id: str | None) -> None:
+        await forwarded_call(writer, client.client_end_sessions(writer, user_id, device_id))
+
+    return None, forward
 
 
 def build_client_api(

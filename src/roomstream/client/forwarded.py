@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from roomstream.accounts import Requester
+from roomstream.accounts import Accounts, Requester
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.typing import TypingWriter
 from roomstream.client.userdata import UserData
@@ -21,7 +21,14 @@ FORWARDED_DEVICE = ""
 
 
 class ForwardedWrites:
-    def __init__(self, rooms: RoomService, data: UserData, typing: TypingWriter | None) -> None:
+    def __init__(
+        self,
+        accounts: Accounts,
+        rooms: RoomService,
+        data: UserData,
+        typing: TypingWriter | None,
+    ) -> None:
+        self.accounts = accounts
         self.rooms = rooms
         self.data = data
         self.typing = typing
@@ -29,6 +36,23 @@ class ForwardedWrites:
     async def create_room(self, creator: str, request: dict[str, Any]) -> str:
         requester = Requester(creator, FORWARDED_DEVICE)
         return await self.rooms.create_room(requester, CreateRoomRequest.parse(request))
+
+    async def send_once(
+        self,
+        room_id: str,
+        user_id: str,
+        device_id: str,
+        txn_id: str,
+        event_type: str,
+        content: dict[str, Any],
+        redacts: str | None,
+    ) -> str:
+        return await self.rooms.send_once(
+            Requester(user_id, device_id), room_id, txn_id, event_type, content, redacts
+        )
+
+    async def end_sessions(self, user_id: str, device_id: str | None) -> None:
+        await self.accounts.end_sessions(user_id, device_id)
 
     async def put_account_data(
         self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]

@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from roomstream.streams import StreamSet
@@ -53,6 +53,9 @@ def keys_for_row(stream_name: str, row: Sequence[Any]) -> list[str]:
     return []
 
 
+LocalRowListener = Callable[[str, str, int, int, list[tuple[int, Any]]], object]
+
+
 class Waiter:
     """One registration: :meth:`wait` returns when a relevant fact completed since it
     was made (or since the last wait)."""
@@ -84,6 +87,9 @@ class Notifier:
         self._fetching: dict[str, asyncio.Task[None]] = {}
         self._closed = False
         self._pending: defaultdict[tuple[str, str], list[tuple[int, list[str]]]] = defaultdict(list)
+        #: Called with (stream, writer, since, upto, updates) for every batch of local
+        #: rows read here, before the syncs they concern are woken.
+        self.local_row_listeners: list[LocalRowListener] = []
         for name in WAKING_STREAMS:
             if name not in streams:
                 continue
@@ -146,6 +152,8 @@ class Notifier:
                     stream_name, self.instance_name, start, upto, 10_000
                 )
                 self._notified[stream_name] = upto
+                for listener in self.local_row_listeners:
+                    listener(stream_name, self.instance_name, start, upto, updates)
                 self.notify_rows(stream_name, (row for _, row in updates))
         except Exception:
             logger.exception("reading new %s rows to wake syncs failed", stream_name)

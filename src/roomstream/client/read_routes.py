@@ -21,7 +21,7 @@ from roomstream.client.sync import (
     SyncToken,
 )
 from roomstream.errors import Codes, MatrixError
-from roomstream.reading import MAX_LIMIT, RoomReader, client_event, parse_pagination_token
+from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.tokens import PaginationToken
 
 __all__ = ["read_routes"]
@@ -165,11 +165,8 @@ def read_routes(
 
     async def full_state(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        room_id = request.match_info["room_id"]
-        await rooms.require_joined(requester, room_id)
-        state = await rooms.events.get_current_state(room_id)
-        events = await rooms.events.get_events(state.values())
-        return json_response([client_event(e) for e in events.values()])
+        body = await rooms.current_state_json(requester, request.match_info["room_id"])
+        return web.Response(body=body, content_type="application/json")
 
     return [
         Route("GET", "/sync", sync),

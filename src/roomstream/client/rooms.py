@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from roomstream.accounts import Requester, parse_user_id
 from roomstream.client.request import optional
@@ -20,15 +23,22 @@ from roomstream.client.store import ClientStore
 from roomstream.client.writes import RoomWriter
 from roomstream.errors import Codes, MatrixError
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, room_version
-from roomstream.reading import RoomReader
+from roomstream.reading import RoomReader, client_event
 from roomstream.rooms.creation import RoomPreset
+from roomstream.rooms.persist import TransactionKey
 from roomstream.rooms.store import EventStore
+from roomstream.state.groups import StateMap
 
 __all__ = ["CreateRoomRequest", "RoomService", "StateEvent"]
 
 PRESETS = ("private_chat", "public_chat", "trusted_private_chat")
 MEMBERSHIP_ACTIONS = ("invite", "kick", "ban", "unban")
 MAX_ALIAS_LENGTH = 255
+#: Transaction IDs kept in memory per (room, user, device), and how many such sets.
+DEVICE_TRANSACTIONS_KEPT = 10_000
+DEVICES_KEPT = 10_000
+#: Rooms whose serialised ``/state`` answer is kept (see ``current_state_json``).
+STATE_JSON_CACHE_ROOMS = 256
 
 
 @dataclass(frozen=True)
@@ -108,9 +118,15 @@ class RoomService:
         self.events = events
         self.store = store
         self.reader = reader
-        self._txn_locks: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = (
+        #: Room ID -> (the current state, its ``/state`` answer), least recently used first.
+        self._state_json: OrderedDict[str, tuple[StateMap, bytes]] = OrderedDict()
+        #: Held for the whole of an idempotent send, per (room, user, device).
+        self._device_locks: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
+        #: (room, user, device) -> {transaction ID: event ID}: every transaction of that
+        #: device in a room this process writes (see ``send_once``).
+        self._device_transactions: OrderedDict[tuple[str, str, str], dict[str, str]] = OrderedDict()
 
     # -- reading current state (for the rules here; clients read via roomstream.reading)
 
@@ -125,6 +141,34 @@ class RoomService:
         if event is None:
             return None
         return event_id, dict(event.data.get("content") or {}), str(event.data.get("sender"))
+
+    async def current_state_json(self, requester: Requester, room_id: str) -> bytes:
+        """``GET /rooms/{id}/state``: the room's current state events in the client
+        format, serialised; 403 unless the requester is joined.
+
+        One database read (the current state's event IDs, with the requester's
+        membership). The serialised answer is cached per room together with the state
+        map it was made from, and reused while the state read now is equal to it: the
+        answer depends on nothing else (no viewer-specific fields), so a cached answer
+        is never stale, on any process, without any invalidation.
+        """
+        state, membership = await self.events.get_current_state_and_membership(
+            room_id, requester.user_id
+        )
+        if membership != "join":
+            raise MatrixError(
+                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
+            )
+        cached = self._state_json.get(room_id)
+        if cached is not None and cached[0] == state:
+            self._state_json.move_to_end(room_id)
+            return cached[1]
+        events = await self.events.get_events(state.values())
+        body = orjson.dumps([client_event(e) for e in events.values()])
+        self._state_json[room_id] = (state, body)
+        if len(self._state_json) > STATE_JSON_CACHE_ROOMS:
+            self._state_json.popitem(last=False)
+        return body
 
     async def membership(self, room_id: str, user_id: str) -> str | None:
         return await self.events.get_membership(room_id, user_id)
@@ -278,12 +322,7 @@ class RoomService:
         txn_id: str,
     ) -> str:
         """``PUT /send``: the same (device, transaction ID) always gives the same event."""
-        return await self._once(
-            requester,
-            room_id,
-            txn_id,
-            lambda: self.writer.send(room_id, requester.user_id, event_type, content),
-        )
+        return await self.send_once(requester, room_id, txn_id, event_type, content, None)
 
     async def redact(
         self,
@@ -294,28 +333,93 @@ class RoomService:
         txn_id: str,
     ) -> str:
         content: dict[str, Any] = {} if reason is None else {"reason": reason}
-        return await self._once(
-            requester,
-            room_id,
-            txn_id,
-            lambda: self.writer.send(
-                room_id, requester.user_id, "m.room.redaction", content, redacts=event_id
-            ),
+        return await self.send_once(
+            requester, room_id, txn_id, "m.room.redaction", content, event_id
         )
 
-    async def _once(self, requester: Requester, room_id: str, txn_id: str, make: Any) -> str:
+    async def send_once(
+        self,
+        requester: Requester,
+        room_id: str,
+        txn_id: str,
+        event_type: str,
+        content: Mapping[str, Any],
+        redacts: str | None,
+    ) -> str:
+        """Send an event unless this device already sent one with ``txn_id``; its ID.
+
+        Carried out whole by the writer of the room (forwarded there from any other
+        process), under a lock per (room, user, device): the look-up and the send are one
+        critical section there, and the transaction ID is stored in the event's own write
+        transaction, so neither concurrent retries (through any process) nor a crash
+        between the two can give two events. The look-up is in memory once the device's
+        transaction IDs in the room are loaded (:meth:`_transactions_of`). The sender's
+        membership is checked by the auth rules when the event is created (403
+        M_FORBIDDEN), not by a read here.
+        """
         key = (requester.user_id, requester.device_id, txn_id)
-        lock = self._txn_locks.get(key)
+        if not self.writer.writes_room(room_id):
+            return await self.writer.forward_send_once(room_id, key, event_type, content, redacts)
+        # Shielded: a request cancelled mid-send leaves the send to finish under the lock,
+        # so that a retry waits for it and finds its transaction ID.
+        return await asyncio.shield(
+            self._send_once_here(room_id, key, event_type, content, redacts)
+        )
+
+    async def _send_once_here(
+        self,
+        room_id: str,
+        key: TransactionKey,
+        event_type: str,
+        content: Mapping[str, Any],
+        redacts: str | None,
+    ) -> str:
+        user_id, device_id, txn_id = key
+        device_key = (room_id, user_id, device_id)
+        lock = self._device_locks.get(device_key)
         if lock is None:
-            lock = self._txn_locks[key] = asyncio.Lock()
+            lock = self._device_locks[device_key] = asyncio.Lock()
         async with lock:
-            existing = await self.reader.event_for_transaction(room_id, *key)
+            known = await self._transactions_of(device_key)
+            if known is None:
+                existing = await self.reader.event_for_transaction(room_id, *key)
+            else:
+                existing = known.get(txn_id)
             if existing is not None:
                 return existing
-            await self.require_joined(requester, room_id)
-            event_id = str(await make())
-            await self.reader.record_transaction_id(event_id, room_id, *key)
+            try:
+                event_id = await self.writer.send(
+                    room_id, user_id, event_type, content, redacts=redacts, transaction=key
+                )
+            except BaseException:
+                # Whether it was stored is unknown here: the database will say.
+                self._device_transactions.pop(device_key, None)
+                raise
+            if known is not None:
+                known[txn_id] = event_id
+                if len(known) > DEVICE_TRANSACTIONS_KEPT:
+                    self._device_transactions.pop(device_key, None)
             return event_id
+
+    async def _transactions_of(self, device_key: tuple[str, str, str]) -> dict[str, str] | None:
+        """Every transaction ID the device used in the room, from memory once loaded;
+        None if it used too many to keep (then each send looks its one up).
+
+        Complete because this process is the room's only writer (``writes_room``): each
+        event of the room, with its transaction ID, is persisted here, by ``send_once``
+        under the device's lock, which also covers the loading. An entry dropped (least
+        recently used) is loaded again from the database, which has every committed send.
+        """
+        known = self._device_transactions.get(device_key)
+        if known is not None:
+            self._device_transactions.move_to_end(device_key)
+            return known
+        known = await self.reader.transactions_of_device(*device_key, DEVICE_TRANSACTIONS_KEPT)
+        if known is not None:
+            self._device_transactions[device_key] = known
+            if len(self._device_transactions) > DEVICES_KEPT:
+                self._device_transactions.popitem(last=False)
+        return known
 
     async def set_state(
         self,

@@ -127,12 +127,17 @@ class SyncHandler:
             global_data, room_data = await self.userdata.account_data_since(
                 user_id, ad_since, positions["account_data"]
             )
-        joined = await self.reader.store.get_rooms_for_user(user_id)
         rc_since = 0 if initial or since is None else since.receipts
+        typing_since = -1 if initial or since is None else since.typing
+        # The joined rooms only filter per-room ephemeral data and room account data:
+        # not read when none of those moved (a sync woken by a message, say).
+        joined: list[str] = []
+        if room_data or positions["receipts"] > rc_since or typing_token != typing_since:
+            joined = await self.reader.store.get_rooms_for_user(user_id)
         receipts: dict[str, dict[str, Any]] = {}
         if positions["receipts"] > rc_since:
             receipts = await self.userdata.receipts_since(joined, rc_since, positions["receipts"])
-        typing = self.typing.changed(joined, -1 if initial or since is None else since.typing)
+        typing = self.typing.changed(joined, typing_since)
         acknowledged = 0 if since is None else since.to_device
         to_device: list[dict[str, Any]] = []
         to_device_end = acknowledged

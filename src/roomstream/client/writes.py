@@ -33,13 +33,14 @@ from roomstream.events.room_versions import RoomVersion
 from roomstream.replication.http import RETRY_AFTER_MS, InternalHttpClient
 from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.creation import LocalEventCreator, RoomPreset
+from roomstream.rooms.persist import TransactionKey
 
-__all__ = ["RoomWriter", "UserDataWriter"]
+__all__ = ["RoomWriter", "UserDataWriter", "forwarded_call"]
 
 T = TypeVar("T")
 
 
-async def _forwarded(instance: str, call: Awaitable[T]) -> T:
+async def forwarded_call(instance: str, call: Awaitable[T]) -> T:
     """Await a call to ``instance``; any failure to reach it is a 503 (the internal client
     already maps refused and timed-out connections; this catches the rest, and an
     instance with no ``http_port`` configured)."""
@@ -69,6 +70,10 @@ class RoomWriter:
     def _owner(self, room_id: str) -> str:
         return writer_for_room(room_id, self.config.writers_of("events"))
 
+    def writes_room(self, room_id: str) -> bool:
+        """Events of ``room_id`` are created on this process (else forwarded)."""
+        return self.http_client is None or self._owner(room_id) == self.config.instance_name
+
     @property
     def creates_rooms_here(self) -> bool:
         """New rooms are created by this process (else :meth:`forward_create_room`)."""
@@ -83,24 +88,52 @@ class RoomWriter:
         *,
         state_key: str | None = None,
         redacts: str | None = None,
+        transaction: TransactionKey | None = None,
     ) -> str:
         """Create, authorize and persist one event; its event ID.
 
         Auth failures surface as ``AuthError`` (403 M_FORBIDDEN), from here or the owner.
+        ``transaction`` (only where :meth:`writes_room`): recorded with the event.
         """
         owner = self._owner(room_id)
         if owner == self.config.instance_name or self.http_client is None:
             created = await self.creator.create_event(
-                room_id, sender, event_type, content, state_key=state_key, redacts=redacts
+                room_id,
+                sender,
+                event_type,
+                content,
+                state_key=state_key,
+                redacts=redacts,
+                transaction=transaction,
             )
             return created.event.event_id
-        result = await _forwarded(
+        assert transaction is None, "idempotent sends go to the owner whole (forward_send_once)"
+        result = await forwarded_call(
             owner,
             self.http_client.send_event(
                 room_id, sender, event_type, dict(content), state_key, redacts=redacts
             ),
         )
         return str(result["event_id"])
+
+    async def forward_send_once(
+        self,
+        room_id: str,
+        transaction: TransactionKey,
+        event_type: str,
+        content: Mapping[str, Any],
+        redacts: str | None,
+    ) -> str:
+        """Have the room's owner carry out a whole idempotent send (``PUT /send``)."""
+        assert self.http_client is not None
+        owner = self._owner(room_id)
+        user_id, device_id, txn_id = transaction
+        return await forwarded_call(
+            owner,
+            self.http_client.client_send_once(
+                owner, room_id, user_id, device_id, txn_id, event_type, dict(content), redacts
+            ),
+        )
 
     async def create_room(self, creator: str, version: RoomVersion, preset: RoomPreset) -> str:
         """A new room, created here (:attr:`creates_rooms_here`), with the creator joined,
@@ -120,7 +153,9 @@ class RoomWriter:
         """Have the first events writer carry out a whole ``createRoom`` request body."""
         assert self.http_client is not None
         first = self.config.writers_of("events")[0]
-        return await _forwarded(first, self.http_client.client_create_room(first, creator, request))
+        return await forwarded_call(
+            first, self.http_client.client_create_room(first, creator, request)
+        )
 
 
 class UserDataWriter:
@@ -155,7 +190,7 @@ class UserDataWriter:
             await self.data.put_account_data(user_id, room_id, data_type, content)
             return
         assert self.http_client is not None
-        await _forwarded(
+        await forwarded_call(
             remote,
             self.http_client.client_put_account_data(
                 remote, user_id, room_id, data_type, dict(content)
@@ -170,7 +205,7 @@ class UserDataWriter:
             await self.data.put_receipt(room_id, receipt_type, user_id, event_id, thread_id)
             return
         assert self.http_client is not None
-        await _forwarded(
+        await forwarded_call(
             remote,
             self.http_client.client_put_receipt(
                 remote, room_id, receipt_type, user_id, event_id, thread_id
@@ -186,7 +221,7 @@ class UserDataWriter:
             return
         assert self.http_client is not None
         plain = {user: {device: dict(c) for device, c in m.items()} for user, m in messages.items()}
-        await _forwarded(
+        await forwarded_call(
             remote, self.http_client.client_send_to_device(remote, sender, event_type, plain)
         )
 
@@ -200,7 +235,7 @@ class UserDataWriter:
                 )
             self.typing.set_typing(room_id, user_id, typing, timeout_ms)
             return
-        await _forwarded(
+        await forwarded_call(
             owner,
             self.http_client.client_set_typing(owner, room_id, user_id, typing, timeout_ms),
         )

@@ -429,17 +429,33 @@ class RoomReader:
                     updates, upto, limited = await self.streams.get_updates(
                         "events", writer, since, position, 10_000
                     )
-                    for token, (kind, data) in updates:
-                        if kind != "ev":
-                            continue
-                        self._room_changes.entity_has_changed(data[1], token)
-                        if data[2] == "m.room.member" and data[3] is not None:
-                            self._member_changes.entity_has_changed(data[3], token)
+                    self._note_changes(updates)
                     since = upto
                     if not limited:
                         break
                 self._ingested[writer] = max(self._ingested.get(writer, 0), position)
         return EventsToken.from_positions(dict(self._ingested))
+
+    def ingest_rows(
+        self, writer: str, since: int, upto: int, updates: Sequence[tuple[int, Any]]
+    ) -> bool:
+        """Take ``writer``'s complete ``events`` rows after ``since`` up to ``upto``, read
+        by someone else (the notifier reads each local batch once to wake syncs), so the
+        sync they wake need not read them again. Ignored (False) unless this reader has
+        everything up to ``since`` already: the change caches must have no gap."""
+        if self._ingested.get(writer, 0) < since:
+            return False
+        self._note_changes(updates)
+        self._ingested[writer] = max(self._ingested.get(writer, 0), upto)
+        return True
+
+    def _note_changes(self, updates: Iterable[tuple[int, Any]]) -> None:
+        for token, (kind, data) in updates:
+            if kind != "ev":
+                continue
+            self._room_changes.entity_has_changed(data[1], token)
+            if data[2] == "m.room.member" and data[3] is not None:
+                self._member_changes.entity_has_changed(data[3], token)
 
     async def _rooms_for_user(self, user_id: str) -> dict[str, str]:
         """room -> the user's membership in its current state (any membership)."""
@@ -998,7 +1014,8 @@ class RoomReader:
         self, event_id: str, room_id: str, user_id: str, device_id: str, txn_id: str
     ) -> None:
         """Remember that ``device_id`` of ``user_id`` sent ``event_id`` with ``txn_id``
-        (the client API calls this after sending; shown to that device only)."""
+        (shown to that device only). The client API does not call this: its sends store
+        the record in the event's own transaction (``EventPersister``)."""
         now = int(self._clock() * 1000)
         await self.db.run_interaction(
             lambda t: t.execute(
@@ -1008,6 +1025,22 @@ class RoomReader:
                 (event_id, room_id, user_id, device_id, txn_id, now),
             )
         )
+
+    async def transactions_of_device(
+        self, room_id: str, user_id: str, device_id: str, limit: int
+    ) -> dict[str, str] | None:
+        """Transaction ID -> event ID of every send of this device in the room; None if
+        there are more than ``limit``."""
+        rows = await self.db.run_interaction(
+            lambda t: t.query(
+                "SELECT txn_id, event_id FROM event_txn_ids WHERE room_id = ? AND user_id = ?"
+                " AND device_id = ? LIMIT ?",
+                (room_id, user_id, device_id, limit + 1),
+            )
+        )
+        if len(rows) > limit:
+            return None
+        return {str(r[0]): str(r[1]) for r in rows}
 
     async def event_for_transaction(
         self, room_id: str, user_id: str, device_id: str, txn_id: str

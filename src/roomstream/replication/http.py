@@ -20,6 +20,13 @@ forwarding process has already authenticated the user and checked membership:
 
 - ``POST /client/create_room`` with ``{"creator", "request"}``: a whole ``createRoom``
   request body, created by this events writer exactly as a local one;
+- ``POST /client/send`` with ``{"room_id", "user_id", "device_id", "txn_id", "type",
+  "content", "redacts"?}``: a client's idempotent send (``PUT /send``, ``/redact``) on
+  the writer that owns the room, which alone decides whether the transaction ID was
+  used already (so concurrent retries through different processes get one event);
+- ``POST /client/end_sessions`` with ``{"user_id", "device_id"?}``: log a device out (all
+  of the user's without ``device_id``) on the writer of the ``caches`` stream, which
+  streams the token-cache invalidation with the deletion;
 - ``POST /client/account_data`` with ``{"user_id", "room_id"?, "type", "content"}``;
 - ``POST /client/receipt`` with ``{"room_id", "receipt_type", "user_id", "event_id",
   "thread_id"?}``;
@@ -232,6 +239,19 @@ class ClientWrites(Protocol):
 
     async def create_room(self, creator: str, request: dict[str, Any]) -> str: ...
 
+    async def send_once(
+        self,
+        room_id: str,
+        user_id: str,
+        device_id: str,
+        txn_id: str,
+        event_type: str,
+        content: dict[str, Any],
+        redacts: str | None,
+    ) -> str: ...
+
+    async def end_sessions(self, user_id: str, device_id: str | None) -> None: ...
+
     async def put_account_data(
         self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]
     ) -> None: ...
@@ -317,6 +337,8 @@ class InternalHttpServer:
         self.app.router.add_post(PREFIX + "/create_room", self._create)
         forwarded = PREFIX + "/client"
         self.app.router.add_post(forwarded + "/create_room", self._client_create_room)
+        self.app.router.add_post(forwarded + "/send", self._client_send)
+        self.app.router.add_post(forwarded + "/end_sessions", self._client_end_sessions)
         self.app.router.add_post(forwarded + "/account_data", self._client_account_data)
         self.app.router.add_post(forwarded + "/receipt", self._client_receipt)
         self.app.router.add_post(forwarded + "/to_device", self._client_to_device)
@@ -449,6 +471,33 @@ class InternalHttpServer:
         creator = _identifier_field(body, "creator", sigil="@")
         room_id = await writes.create_room(creator, _field(body, "request", dict))
         return web.json_response({"room_id": room_id})
+
+    async def _client_send(self, request: web.Request) -> web.Response:
+        writes = self._writes_for("events")
+        body = await self._json_body(request)
+        room_id = _identifier_field(body, "room_id", sigil="!")
+        owner = writer_for_room(room_id, self.config.writers_of("events"))
+        if owner != self.config.instance_name:
+            raise MatrixError(421, WRONG_WRITER, f"{room_id} is written by {owner}")
+        event_id = await writes.send_once(
+            room_id,
+            _identifier_field(body, "user_id", sigil="@"),
+            _field(body, "device_id", str),
+            _field(body, "txn_id", str),
+            _identifier_field(body, "type"),
+            _field(body, "content", dict),
+            _identifier_field(body, "redacts", sigil="$", optional=True),
+        )
+        return web.json_response({"event_id": event_id})
+
+    async def _client_end_sessions(self, request: web.Request) -> web.Response:
+        writes = self._writes_for("caches")
+        body = await self._json_body(request)
+        await writes.end_sessions(
+            _identifier_field(body, "user_id", sigil="@"),
+            _field(body, "device_id", str, optional=True),
+        )
+        return web.json_response({})
 
     async def _client_account_data(self, request: web.Request) -> web.Response:
         writes = self._writes_for("account_data")
@@ -637,6 +686,38 @@ class InternalHttpClient:
         body = {"creator": creator, "request": request}
         result = await self._call(instance_name, "POST", "/client/create_room", body=body)
         return str(result["room_id"])
+
+    async def client_send_once(
+        self,
+        instance_name: str,
+        room_id: str,
+        user_id: str,
+        device_id: str,
+        txn_id: str,
+        event_type: str,
+        content: dict[str, Any],
+        redacts: str | None,
+    ) -> str:
+        """A client's idempotent send, carried out by the room's owner; its event ID."""
+        body: dict[str, Any] = {
+            "room_id": room_id,
+            "user_id": user_id,
+            "device_id": device_id,
+            "txn_id": txn_id,
+            "type": event_type,
+            "content": content,
+        }
+        if redacts is not None:
+            body["redacts"] = redacts
+        result = await self._call(instance_name, "POST", "/client/send", body=body)
+        assert isinstance(result, dict)
+        return str(result["event_id"])
+
+    async def client_end_sessions(
+        self, instance_name: str, user_id: str, device_id: str | None
+    ) -> None:
+        body = {"user_id": user_id, "device_id": device_id}
+        await self._call(instance_name, "POST", "/client/end_sessions", body=body)
 
     async def client_put_account_data(
         self,

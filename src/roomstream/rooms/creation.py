@@ -24,7 +24,7 @@ from roomstream.events.format import (
 )
 from roomstream.events.model import Event
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, RoomVersion, room_version
-from roomstream.rooms.persist import CREATE_KEY, EventPersister, PersistedEvent
+from roomstream.rooms.persist import CREATE_KEY, EventPersister, PersistedEvent, TransactionKey
 
 #: Spec limit on how many prev events an event may reference.
 MAX_PREV_EVENTS = 20
@@ -63,9 +63,13 @@ class LocalEventCreator:
         state_key: str | None = None,
         redacts: str | None = None,
         origin_server_ts: int | None = None,
+        transaction: TransactionKey | None = None,
     ) -> CreatedEvent:
         """Create and persist one event; ``AuthError`` (M_FORBIDDEN) if not allowed,
-        ``UnknownRoomError`` (404) for a room not known here, 400 for an ``m.room.create``."""
+        ``UnknownRoomError`` (404) for a room not known here, 400 for an ``m.room.create``.
+
+        ``transaction``: the client's (user, device, transaction ID), stored with the
+        event in its one write transaction."""
         if not sender.endswith(":" + self.server_name):
             raise MatrixError(400, Codes.INVALID_PARAM, f"{sender} is not a local user")
         persister = self.persister
@@ -105,7 +109,11 @@ class LocalEventCreator:
             auth_events = await persister.get_events(auth_needed.values())
             check_auth_rules(event, {k: auth_events[v] for k, v in auth_needed.items()})
             committed = await persister.prepare_room_locked(
-                room_id, [event], backfilled=False, local=True
+                room_id,
+                [event],
+                backfilled=False,
+                local=True,
+                transaction_ids=None if transaction is None else {event.event_id: transaction},
             )
         # The next event of the room can be built while this one commits.
         results = await committed

@@ -79,6 +79,8 @@ from roomstream.streams import StreamSet
 logger = logging.getLogger(__name__)
 
 CREATE_KEY: StateKey = ("m.room.create", "")
+#: (user ID, device ID, transaction ID) of a client's send.
+TransactionKey = tuple[str, str, str]
 
 
 @dataclass(eq=False)
@@ -255,6 +257,9 @@ class _Pending:
     old_current: StateMap
     results: dict[str, PersistedEvent]
     future: asyncio.Future[dict[str, PersistedEvent]]
+    #: Event ID -> (user, device, transaction ID) of a client send, recorded in the
+    #: event's own transaction (see ``prepare_room_locked``).
+    transaction_ids: Mapping[str, TransactionKey] = field(default_factory=dict)
 
 
 #: Most events the committer writes in one transaction (``persist_events`` cuts bigger
@@ -381,9 +386,20 @@ class EventPersister:
         return await (await self.prepare_room_locked(room_id, events, backfilled, local))
 
     async def prepare_room_locked(
-        self, room_id: str, events: Sequence[Event], backfilled: bool, local: bool
+        self,
+        room_id: str,
+        events: Sequence[Event],
+        backfilled: bool,
+        local: bool,
+        *,
+        transaction_ids: Mapping[str, TransactionKey] | None = None,
     ) -> asyncio.Future[dict[str, PersistedEvent]]:
         """Decide the fate and state of events of one room and queue them for commit.
+
+        ``transaction_ids``: event ID -> (user, device, transaction ID) of local events
+        sent by a client; each is stored in ``event_txn_ids`` in the same transaction as
+        its event, so an event is never stored without the record that makes a retry of
+        its send find it.
 
         The caller holds :meth:`room_lock` and may release it before awaiting the returned
         future: the room's in-memory state already includes these events, so the next
@@ -445,6 +461,7 @@ class EventPersister:
             room.current,
             results,
             future,
+            dict(transaction_ids or {}),
         )
         # The room now includes these events, for whatever is built on it next.
         if new_extremities is not None:
@@ -1031,6 +1048,18 @@ class EventPersister:
             link_rows,
         )  # fmt: skip
         self._apply_redactions_txn(txn, room, contexts, redaction_rows)
+        if p.transaction_ids:
+            # A conflict can only come from a send of the same transaction persisted by
+            # another writer (ownership moved mid-flight): keep the first record.
+            txn.executemany(
+                "INSERT INTO event_txn_ids"
+                " (event_id, room_id, user_id, device_id, txn_id, inserted_ts)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [
+                    (event_id, room.room_id, user_id, device_id, txn_id, now)
+                    for event_id, (user_id, device_id, txn_id) in p.transaction_ids.items()
+                ],
+            )
 
         if new_extremities is not None:
             txn.execute("DELETE FROM event_forward_extremities WHERE room_id = ?", (room.room_id,))

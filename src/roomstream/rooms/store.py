@@ -212,6 +212,26 @@ class EventStore:
         )
         return {(r[0], r[1]): r[2] for r in rows}
 
+    async def get_current_state_and_membership(
+        self, room_id: str, user_id: str
+    ) -> tuple[StateMap, str | None]:
+        """The room's current state and ``user_id``'s membership in it, in one read."""
+
+        def txn(t: Transaction) -> tuple[StateMap, str | None]:
+            state: StateMap = {}
+            membership = None
+            for event_type, state_key, event_id, member in t.query(
+                "SELECT type, state_key, event_id, membership FROM current_state_events"
+                " WHERE room_id = ?",
+                (room_id,),
+            ):
+                state[(event_type, state_key)] = event_id
+                if event_type == "m.room.member" and state_key == user_id:
+                    membership = member
+            return state, membership
+
+        return await self.db.run_interaction(txn)
+
     async def get_current_state_entry(self, room_id: str, key: StateKey) -> str | None:
         """The event ID of one (type, state_key) of the room's current state."""
         row = await self.db.run_interaction(

@@ -1,0 +1,84 @@
+"""An in-memory cache of access-token owners, kept correct across processes.
+
+A request's token is looked up here before the database. Every change that ends tokens
+(logout, logout from all devices) deletes them and, in the same database transaction,
+writes a row to the ``caches`` stream (``[TOKEN_CACHE, [user_id], ts]``): the process
+that commits it drops the user's cached tokens at once, every other process when the row
+reaches it over replication (:meth:`TokenCache.apply_cache_row`). So a token that stopped
+working on one process stops working on all of them as soon as replication delivers
+that row (milliseconds), with no database read per request in between.
+
+Invariant: an entry is only ever added from a database read that started after the last
+invalidation this process applied (:attr:`TokenCache.generation` is compared), so a read
+racing with a logout can never put the logged-out token back.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["TOKEN_CACHE", "TokenCache"]
+
+#: The ``cache_func`` of the ``caches`` stream rows that end a user's cached tokens.
+TOKEN_CACHE = "get_token_owner"
+
+
+class TokenCache:
+    """Token hash -> (user ID, device ID), least recently used evicted first."""
+
+    def __init__(self, max_size: int = 100_000) -> None:
+        self.max_size = max_size
+        self._owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._by_user: dict[str, set[str]] = {}
+        #: Bumped by every invalidation; see :meth:`put`.
+        self.generation = 0
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def get(self, hashed: str) -> tuple[str, str] | None:
+        owner = self._owners.get(hashed)
+        if owner is not None:
+            self._owners.move_to_end(hashed)
+        return owner
+
+    def put(self, hashed: str, owner: tuple[str, str], generation: int) -> None:
+        """Remember ``owner``, read from the database after :attr:`generation` was
+        ``generation``; ignored if an invalidation has been applied since."""
+        if generation != self.generation:
+            return
+        self._owners[hashed] = owner
+        self._by_user.setdefault(owner[0], set()).add(hashed)
+        while len(self._owners) > self.max_size:
+            old, (user_id, _) = self._owners.popitem(last=False)
+            self._discard(user_id, old)
+
+    def invalidate_user(self, user_id: str) -> None:
+        """Forget every cached token of ``user_id``."""
+        self.generation += 1
+        for hashed in self._by_user.pop(user_id, ()):
+            self._owners.pop(hashed, None)
+
+    def invalidate_all(self) -> None:
+        self.generation += 1
+        self._owners.clear()
+        self._by_user.clear()
+
+    def apply_cache_row(self, row: Sequence[Any]) -> None:
+        """A ``caches`` stream row ``[cache_func, keys, ts]`` from another process."""
+        if not row or row[0] != TOKEN_CACHE:
+            return
+        keys = row[1] if len(row) > 1 else None
+        if not keys:
+            self.invalidate_all()
+        else:
+            self.invalidate_user(str(keys[0]))
+
+    def _discard(self, user_id: str, hashed: str) -> None:
+        hashes = self._by_user.get(user_id)
+        if hashes is not None:
+            hashes.discard(hashed)
+            if not hashes:
+                del self._by_user[user_id]

@@ -1,0 +1,295 @@
+"""What the hot paths cost in database round trips, and the caches that make them cheap:
+the access-token cache (invalidated by logouts, locally and from the ``caches`` stream)
+and the ``/state`` answer cache."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from roomstream.accounts import Requester
+from roomstream.accounts.token_cache import TOKEN_CACHE, TokenCache
+from roomstream.accounts.tokens import token_hash
+from roomstream.client import rooms as client_rooms
+from roomstream.storage import Database
+from tests.client.conftest import Homeserver
+
+
+@contextmanager
+def counted_round_trips(database: Database, *, with_notifier: bool = False) -> Iterator[list[str]]:
+    """Names of the interactions run on ``database`` while the block runs, leaving out
+    the notifier's background reads (they serve waiting syncs, not the request) unless
+    ``with_notifier``."""
+    calls: list[str] = []
+    original = database.run_interaction
+
+    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        frame = sys._getframe(1)
+        names = []
+        while frame is not None:
+            names.append(frame.f_code.co_filename)
+            frame = frame.f_back  # type: ignore[assignment]
+        if with_notifier or not any(name.endswith("notifier.py") for name in names):
+            calls.append(getattr(func, "__qualname__", repr(func)))
+        return await original(func, *args, **kwargs)
+
+    database.run_interaction = counting  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        del database.run_interaction
+
+
+async def test_a_send_costs_one_write(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    room = await homeserver.ok("POST", "/createRoom", {}, token=alice.token)
+    path = f"/rooms/{room['room_id']}/send/m.room.message/"
+    with counted_round_trips(homeserver.engine.db) as calls:
+        await homeserver.ok("PUT", path + "warm", {"body": "0"}, token=alice.token)
+    # The device's first send in the room loads its transaction IDs there.
+    assert calls[0] == "RoomReader.transactions_of_device.<locals>.<lambda>", calls
+    await homeserver.engine.streams.flush()
+    with counted_round_trips(homeserver.engine.db) as calls:
+        sent = await homeserver.ok("PUT", path + "t1", {"body": "1"}, token=alice.token)
+    # Only the event's write transaction, which stores the transaction ID too; the token
+    # came from the cache. On SQLite (one connection) the stream position is stored in
+    # that same transaction; on PostgreSQL in the background, coalescing sends.
+    background = [c for c in calls if c == "StreamIdGenerator._store_position_txn"]
+    assert [c for c in calls if c not in background] == [
+        "StreamIdGenerator.run_with_ids.<locals>.txn_func"
+    ], calls
+    if homeserver.engine.db.engine_name == "sqlite":
+        assert background == []
+    with counted_round_trips(homeserver.engine.db) as calls:
+        again = await homeserver.ok("PUT", path + "t1", {"body": "other"}, token=alice.token)
+    assert again == sent
+    assert calls == []
+
+
+async def test_concurrent_retries_give_one_event(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    path = f"/rooms/{room_id}/send/m.room.message/"
+    answers = await asyncio.gather(
+        *(
+            homeserver.ok("PUT", path + f"t{i % 3}", {"body": str(i)}, token=alice.token)
+            for i in range(12)
+        )
+    )
+    by_txn: dict[str, set[str]] = {}
+    for i, answer in enumerate(answers):
+        by_txn.setdefault(f"t{i % 3}", set()).add(answer["event_id"])
+    assert all(len(ids) == 1 for ids in by_txn.values()), by_txn
+    assert len(set.union(*by_txn.values())) == 3
+
+
+@pytest.mark.parametrize("kept", [1, 10_000])
+async def test_transaction_ids_survive_forgetting_and_restarts(
+    homeserver: Homeserver, monkeypatch: pytest.MonkeyPatch, kept: int
+) -> None:
+    """A retry finds its event whether the device's transaction IDs are in memory, too
+    many to keep (``kept``), or gone (another process took over: a fresh service)."""
+    monkeypatch.setattr(client_rooms, "DEVICE_TRANSACTIONS_KEPT", kept)
+    alice = await homeserver.register("alice")
+    room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    path = f"/rooms/{room_id}/send/m.room.message/"
+    first = [
+        (await homeserver.ok("PUT", path + f"t{i}", {"body": str(i)}, token=alice.token))[
+            "event_id"
+        ]
+        for i in range(3)
+    ]
+    again = [
+        (await homeserver.ok("PUT", path + f"t{i}", {"body": "x"}, token=alice.token))["event_id"]
+        for i in range(3)
+    ]
+    assert again == first
+    service = homeserver.process.rooms
+    service._device_transactions.clear()
+    requester = Requester(alice.user_id, alice.device_id)
+    assert await service.send_event(requester, room_id, "m.room.message", {}, "t1") == first[1]
+    # Another device's t1 is another transaction.
+    other = Requester(alice.user_id, "OTHER")
+    assert await service.send_event(requester, room_id, "m.room.message", {}, "t1") == first[1]
+    assert await service.send_event(other, room_id, "m.room.message", {}, "t1") not in first
+
+
+async def test_a_woken_sync_reads_only_the_new_events(homeserver: Homeserver) -> None:
+    """Between a send and the waiting sync's answer: the send's write, one
+    read of the new stream rows (which wakes the sync and brings the read path's change
+    caches up to date), and the sync's one read of the events."""
+    alice = await homeserver.register("alice")
+    bob = await homeserver.register("bob")
+    room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    await homeserver.ok(
+        "POST", f"/rooms/{room_id}/invite", {"user_id": bob.user_id}, token=alice.token
+    )
+    await homeserver.ok("POST", f"/rooms/{room_id}/join", {}, token=bob.token)
+    await homeserver.ok(  # alice's first send in the room loads her transaction IDs
+        "PUT", f"/rooms/{room_id}/send/m.room.message/w0", {"body": "0"}, token=alice.token
+    )
+    since = (await homeserver.ok("GET", "/sync?timeout=0", token=bob.token))["next_batch"]
+    await homeserver.engine.streams.flush()
+    notifier = homeserver.process.notifier
+    listening = asyncio.Event()
+    original_listen = notifier.listen
+
+    @contextmanager
+    def listen(user_id: str, room_ids: Any) -> Iterator[Any]:
+        with original_listen(user_id, room_ids) as waiter:
+            listening.set()
+            yield waiter
+
+    notifier.listen = listen  # type: ignore[method-assign]
+    waiting = asyncio.create_task(
+        homeserver.ok("GET", f"/sync?timeout=30000&since={since}", token=bob.token)
+    )
+    await listening.wait()
+    with counted_round_trips(homeserver.engine.db, with_notifier=True) as calls:
+        await homeserver.ok(
+            "PUT", f"/rooms/{room_id}/send/m.room.message/w", {"body": "hi"}, token=alice.token
+        )
+        answer = await waiting
+    bodies = [
+        e["content"].get("body") for e in answer["rooms"]["join"][room_id]["timeline"]["events"]
+    ]
+    assert bodies == ["hi"]
+    assert [c for c in calls if c != "StreamIdGenerator._store_position_txn"] == [
+        "StreamIdGenerator.run_with_ids.<locals>.txn_func",
+        "get_updates_txn",
+        "RoomReader._sync_txn",
+    ], calls
+
+
+async def test_transaction_id_is_stored_with_the_event(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    sent = await homeserver.ok(
+        "PUT", f"/rooms/{room_id}/send/m.room.message/abc", {"body": "x"}, token=alice.token
+    )
+    rows = await homeserver.engine.db.run_interaction(
+        lambda t: t.query(
+            "SELECT e.event_id, x.device_id, x.txn_id FROM events e"
+            " JOIN event_txn_ids x ON x.event_id = e.event_id WHERE x.txn_id = ?",
+            ("abc",),
+        )
+    )
+    assert [tuple(r) for r in rows] == [(sent["event_id"], alice.device_id, "abc")]
+
+
+async def test_send_by_a_non_member_is_forbidden(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    bob = await homeserver.register("bob")
+    room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    status, body = await homeserver.call(
+        "PUT", f"/rooms/{room_id}/send/m.room.message/t", {"body": "x"}, token=bob.token
+    )
+    assert (status, body["errcode"]) == (403, "M_FORBIDDEN")
+    # Nothing was recorded for the refused transaction: a retry after joining sends.
+    await homeserver.ok(
+        "POST", f"/rooms/{room_id}/invite", {"user_id": bob.user_id}, token=alice.token
+    )
+    await homeserver.ok("POST", f"/rooms/{room_id}/join", {}, token=bob.token)
+    await homeserver.ok(
+        "PUT", f"/rooms/{room_id}/send/m.room.message/t", {"body": "x"}, token=bob.token
+    )
+
+
+async def test_state_is_one_read_and_follows_changes(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    room_id = (await homeserver.ok("POST", "/createRoom", {"name": "one"}, token=alice.token))[
+        "room_id"
+    ]
+    first = await homeserver.ok("GET", f"/rooms/{room_id}/state", token=alice.token)
+    with counted_round_trips(homeserver.engine.db) as calls:
+        assert await homeserver.ok("GET", f"/rooms/{room_id}/state", token=alice.token) == first
+    assert len(calls) == 1, calls
+    # A state change (which could equally arrive from another writer) shows at once.
+    await homeserver.ok(
+        "PUT", f"/rooms/{room_id}/state/m.room.name/", {"name": "two"}, token=alice.token
+    )
+    after = await homeserver.ok("GET", f"/rooms/{room_id}/state", token=alice.token)
+    names = [e["content"]["name"] for e in after if e["type"] == "m.room.name"]
+    assert names == ["two"]
+    assert len(after) == len(first)
+    # Leaving ends access, cached answer or not.
+    await homeserver.ok("POST", f"/rooms/{room_id}/leave", {}, token=alice.token)
+    status, body = await homeserver.call("GET", f"/rooms/{room_id}/state", token=alice.token)
+    assert (status, body["errcode"]) == (403, "M_FORBIDDEN")
+
+
+async def test_logout_ends_cached_tokens_and_streams_the_invalidation(
+    homeserver: Homeserver,
+) -> None:
+    alice = await homeserver.register("alice")
+    await homeserver.ok("GET", "/account/whoami", token=alice.token)
+    cache = homeserver.process.token_cache
+    assert cache is not None and cache.get(token_hash(alice.token)) is not None
+    with counted_round_trips(homeserver.engine.db) as calls:
+        await homeserver.ok("GET", "/account/whoami", token=alice.token)
+    assert calls == []
+    await homeserver.ok("POST", "/logout", {}, token=alice.token)
+    status, body = await homeserver.call("GET", "/account/whoami", token=alice.token)
+    assert (status, body["errcode"]) == (401, "M_UNKNOWN_TOKEN")
+    rows = await homeserver.engine.db.run_interaction(
+        lambda t: t.query("SELECT cache_func, keys FROM cache_invalidations")
+    )
+    assert [tuple(r) for r in rows] == [(TOKEN_CACHE, f'["{alice.user_id}"]')]
+
+
+async def test_a_replicated_invalidation_ends_a_cached_token(homeserver: Homeserver) -> None:
+    """Another process logged the device out: its deletion is in the database, and this
+    process stops accepting the token when the ``caches`` row arrives."""
+    alice = await homeserver.register("alice")
+    await homeserver.ok("GET", "/account/whoami", token=alice.token)
+    await homeserver.process.accounts.store.delete_device(alice.user_id, alice.device_id)
+    # Still cached here (the other process's row has not arrived)...
+    await homeserver.ok("GET", "/account/whoami", token=alice.token)
+    homeserver.process.on_replicated_rows("caches", "other", 1, [[TOKEN_CACHE, [alice.user_id], 0]])
+    status, body = await homeserver.call("GET", "/account/whoami", token=alice.token)
+    assert (status, body["errcode"]) == (401, "M_UNKNOWN_TOKEN")
+
+
+def test_token_cache_ignores_reads_that_raced_an_invalidation() -> None:
+    cache = TokenCache(max_size=2)
+    generation = cache.generation
+    cache.invalidate_user("@a:x")  # a logout applied while a read was in flight
+    cache.put("h1", ("@a:x", "D"), generation)
+    assert cache.get("h1") is None
+    cache.put("h1", ("@a:x", "D"), cache.generation)
+    cache.put("h2", ("@b:x", "E"), cache.generation)
+    cache.put("h3", ("@b:x", "F"), cache.generation)  # evicts h1 (least recently used)
+    assert (cache.get("h1"), len(cache)) == (None, 2)
+    cache.apply_cache_row(["other_cache", ["@b:x"], 0])
+    assert cache.get("h2") is not None
+    cache.apply_cache_row([TOKEN_CACHE, ["@b:x"], 0])
+    assert cache.get("h2") is None and cache.get("h3") is None
+    cache.put("h4", ("@c:x", "G"), cache.generation)
+    cache.apply_cache_row([TOKEN_CACHE, None, 0])
+    assert len(cache) == 0
+
+
+async def test_rows_handed_to_the_read_path_must_leave_no_gap(homeserver: Homeserver) -> None:
+    """The notifier's rows feed the read path's change caches only when they continue
+    what it has: a batch after a gap is refused (the next sync reads the rows itself)."""
+    alice = await homeserver.register("alice")
+    await homeserver.ok("GET", "/sync?timeout=0", token=alice.token)  # reader caught up
+    reader = homeserver.process.reader
+    writer = homeserver.config.instance_name
+    have = reader._ingested[writer]
+    row = (
+        "ev",
+        ("$e", "!room", "m.room.member", "@x:test.local", None, None, "join", False, False),
+    )
+    assert not reader.ingest_rows(writer, have + 1, have + 2, [(have + 2, row)])
+    assert reader._ingested[writer] == have
+    assert not reader._member_changes.has_entity_changed("@x:test.local", have)
+    assert reader.ingest_rows(writer, have, have + 2, [(have + 2, row)])
+    assert reader._ingested[writer] == have + 2
+    assert reader._member_changes.has_entity_changed("@x:test.local", have)
+    assert reader._room_changes.has_entity_changed("!room", have)
