@@ -474,7 +474,7 @@ class InternalHttpServer:
 
     async def _client_send(self, request: web.Request) -> web.Response:
         writes = self._writes_for("events")
-        body = await self._json_body(request)
+        body = await read_json(request)
         room_id = _identifier_field(body, "room_id", sigil="!")
         owner = writer_for_room(room_id, self.config.writers_of("events"))
         if owner != self.config.instance_name:
@@ -492,7 +492,7 @@ class InternalHttpServer:
 
     async def _client_end_sessions(self, request: web.Request) -> web.Response:
         writes = self._writes_for("caches")
-        body = await self._json_body(request)
+        body = await read_json(request)
         await writes.end_sessions(
             _identifier_field(body, "user_id", sigil="@"),
             _field(body, "device_id", str, optional=True),
