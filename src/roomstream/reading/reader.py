@@ -462,6 +462,8 @@ class RoomReader:
         *,
         timeline_limit: int = 10,
         device_id: str | None = None,
+        full_state: bool = False,
+        lazy_members: bool = False,
     ) -> SyncResult:
         """Every visible event in the user's rooms after ``since``, per room (newest
         ``timeline_limit``, with ``limited`` and ``prev_batch``), plus the user's own
@@ -469,8 +471,21 @@ class RoomReader:
         ``timeline_limit`` events of every room the user is joined to (or invited to,
         or left), with current state.
 
+        State of an incremental sync (spec: the state at the start of the timeline,
+        minus what the client had at ``since``): none for a timeline that follows on
+        from ``since``; for a ``limited`` one, the entries of the state before its first
+        event that differ from the state at ``since``; the whole state before the first
+        event for rooms whose membership of the user changed. ``full_state``: every
+        joined room is in the result, each with its whole state at the start of its
+        timeline (current state when it has no new events).
+
+        ``lazy_members`` (lazy-loading members): of the ``m.room.member`` state, only
+        the events of the timeline's senders and of the user, taken from the state at
+        the start of the timeline (current state for an initial sync) whether or not
+        they changed; the caller drops the ones it knows the device already has.
+
         Rooms whose events-stream position has not moved since ``since`` are skipped
-        from the change cache without a query.
+        from the change cache without a query (unless ``full_state``).
         """
         _check_limit(timeline_limit)
         upto = await self._ingest()
@@ -483,19 +498,23 @@ class RoomReader:
                 device_id=device_id,
                 _token=upto,
             )
+            if lazy_members:
+                for timeline in page.rooms:
+                    if timeline.membership != "invite":
+                        timeline.state = _lazy_members(timeline.state, timeline.events, user_id)
             return SyncResult(upto, {r.room_id: r for r in page.rooms}, [])
         floor = since.minimum
         candidates = sorted(
             r
             for r, m in rooms.items()
-            if m == "join" and self._room_changes.has_entity_changed(r, floor)
+            if m == "join" and (full_state or self._room_changes.has_entity_changed(r, floor))
         )
         members_changed = self._member_changes.has_entity_changed(user_id, floor)
         if not candidates and not members_changed:
             return SyncResult(upto.advance(since), {}, [])
         raw = await self.db.run_interaction(
             self._sync_txn, user_id, candidates, members_changed, since, upto, timeline_limit,
-            device_id,
+            device_id, full_state, lazy_members,
         )  # fmt: skip
         timelines, changes, loaded = raw
         self._complete(loaded)
@@ -530,6 +549,8 @@ class RoomReader:
         upto: EventsToken,
         limit: int,
         device_id: str | None,
+        full_state: bool = False,
+        lazy_members: bool = False,
     ) -> tuple[
         dict[str, tuple[list[_Row], bool, list[str]]], list[tuple[str, str | None]], _Loaded
     ]:
@@ -550,12 +571,32 @@ class RoomReader:
         timelines: dict[str, tuple[list[_Row], bool, list[str]]] = {}
         for room_id in room_ids:
             rows, limited = _new_rows_txn(txn, room_id, views[room_id], since, upto, limit)
-            if not rows and room_id not in changed_rooms:
+            if not rows and room_id not in changed_rooms and not full_state:
                 continue
-            state_ids: list[str] = []
-            if rows and (limited or room_id in changed_rooms):
-                state_ids = _state_ids_before_txn(txn, rows[0].event_id)
-            timelines[room_id] = (rows, limited, state_ids)
+            state: dict[tuple[str, str], str] = {}
+            # The state at the start of the timeline (current state without one).
+            start: dict[tuple[str, str], str] | None = None
+            if rows:
+                if full_state or limited or room_id in changed_rooms or lazy_members:
+                    start = _state_before_txn(txn, rows[0].event_id)
+            elif full_state:
+                start = _current_state_txn(txn, room_id)
+            if start is not None:
+                if full_state or room_id in changed_rooms:
+                    state = start
+                elif limited:
+                    had = _state_at_token_txn(txn, room_id, since)
+                    state = {k: v for k, v in start.items() if had.get(k) != v}
+                if lazy_members:
+                    wanted = {user_id, *_senders_txn(txn, [r.event_id for r in rows]).values()}
+                    state = {
+                        k: v for k, v in state.items() if k[0] != "m.room.member" or k[1] in wanted
+                    }
+                    for member in wanted:
+                        found = start.get(("m.room.member", member))
+                        if found is not None:
+                            state[("m.room.member", member)] = found
+            timelines[room_id] = (rows, limited, sorted(state.values()))
         replaces: dict[str, str | None] = {}
         if changes:
             for chunk in _chunks([c[0] for c in changes]):
@@ -571,6 +612,21 @@ class RoomReader:
         others += [s for _, _, state in timelines.values() for s in state]
         loaded = self._load_txn(txn, rows_all, others, user_id, device_id)
         return timelines, [(c[0], replaces.get(c[0])) for c in changes], loaded
+
+    # -- room summaries ----------------------------------------------------------------
+
+    async def room_summaries(
+        self, user_id: str, room_ids: Collection[str]
+    ) -> dict[str, dict[str, Any]]:
+        """room -> its sync ``summary`` (spec, "Room summary"): ``m.joined_member_count``,
+        ``m.invited_member_count`` from the current state, and ``m.heroes`` for rooms
+        with neither a name nor a canonical alias: up to 5 members other than the
+        user, joined and invited ones first, each group by the stream order of their
+        membership event (as Synapse picks them); when no one else is joined or invited,
+        those who left or were banned. One database interaction for all the rooms."""
+        if not room_ids:
+            return {}
+        return await self.db.run_interaction(_summaries_txn, user_id, sorted(room_ids))
 
     # -- latest rooms ------------------------------------------------------------------
 
@@ -1260,6 +1316,98 @@ def _state_after_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], s
 
 def _state_ids_after_txn(txn: Transaction, event_id: str) -> list[str]:
     return sorted(_state_after_txn(txn, event_id).values())
+
+
+def _state_before_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], str]:
+    groups = _state_groups_txn(txn, event_id)
+    return {} if groups is None else get_state_txn(txn, groups[0])
+
+
+def _state_at_token_txn(
+    txn: Transaction, room_id: str, token: EventsToken
+) -> dict[tuple[str, str], str]:
+    """The room's state after its latest timeline event ``token`` covers (empty when it
+    covers none): what a client synced up to ``token`` has."""
+    point = _point_txn(txn, room_id, token, MIN_POSITION)
+    event_id = _neighbour_before_txn(txn, room_id, point)
+    return {} if event_id is None else _state_after_txn(txn, event_id)
+
+
+def _senders_txn(txn: Transaction, event_ids: Sequence[str]) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for chunk in _chunks(list(event_ids)):
+        for event_id, sender in txn.query(
+            f"SELECT event_id, sender FROM events WHERE event_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            result[str(event_id)] = str(sender)
+    return result
+
+
+def _lazy_members(
+    state: list[ClientEvent], timeline: list[ClientEvent], user_id: str
+) -> list[ClientEvent]:
+    """``state`` with only the ``m.room.member`` events of the timeline's senders and of
+    ``user_id`` (lazy-loading members)."""
+    wanted = {user_id, *(e.get("sender") for e in timeline)}
+    return [e for e in state if e.get("type") != "m.room.member" or e.get("state_key") in wanted]
+
+
+#: Heroes a summary lists (spec: 5).
+MAX_HEROES = 5
+
+
+def _summaries_txn(
+    txn: Transaction, user_id: str, room_ids: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    counts: dict[str, dict[str, int]] = {r: {} for r in room_ids}
+    named: set[str] = set()
+    for chunk in _chunks(room_ids):
+        marks = _marks(len(chunk))
+        for room_id, membership, count in txn.query(
+            "SELECT room_id, membership, COUNT(*) FROM current_state_events"
+            f" WHERE room_id IN ({marks}) AND type = 'm.room.member'"
+            " AND membership IN ('join', 'invite') GROUP BY room_id, membership",
+            chunk,
+        ):
+            counts[str(room_id)][str(membership)] = int(count)
+        naming = {
+            str(event_id): str(room_id)
+            for room_id, event_id in txn.query(
+                "SELECT room_id, event_id FROM current_state_events"
+                f" WHERE room_id IN ({marks}) AND state_key = ''"
+                " AND type IN ('m.room.name', 'm.room.canonical_alias')",
+                chunk,
+            )
+        }
+        for event_id, event in load_events_txn(txn, list(naming)).items():
+            content = event.content
+            if (event.type == "m.room.name" and content.get("name")) or (
+                event.type == "m.room.canonical_alias" and content.get("alias")
+            ):
+                named.add(naming[event_id])
+    result: dict[str, dict[str, Any]] = {}
+    for room_id in room_ids:
+        summary: dict[str, Any] = {
+            "m.joined_member_count": counts[room_id].get("join", 0),
+            "m.invited_member_count": counts[room_id].get("invite", 0),
+        }
+        if room_id not in named:
+            members = [
+                (str(member), str(membership))
+                for member, membership in txn.query(
+                    "SELECT c.state_key, c.membership FROM current_state_events c"
+                    " JOIN events e ON e.event_id = c.event_id"
+                    " WHERE c.room_id = ? AND c.type = 'm.room.member' AND c.state_key <> ?"
+                    " ORDER BY CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1"
+                    f" END, e.stream_ordering LIMIT {MAX_HEROES}",
+                    (room_id, user_id),
+                )
+            ]
+            current = [m for m, ms in members if ms in ("join", "invite")]
+            summary["m.heroes"] = current or [m for m, _ in members]
+        result[room_id] = summary
+    return result
 
 
 def _state_ids_before_txn(txn: Transaction, event_id: str) -> list[str]:
