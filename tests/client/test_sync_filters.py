@@ -331,3 +331,38 @@ async def test_room_summary(homeserver: Homeserver) -> None:
     named = await sync(homeserver, alice, since=quiet["next_batch"])
     assert "m.heroes" not in named["rooms"]["join"][room_id]["summary"]
     assert named["rooms"]["join"][room_id]["summary"]["m.joined_member_count"] == 5
+
+
+async def test_unread_notifications_count_since_the_read_receipt(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    bob = await homeserver.register("bob")
+    room_id = await room_with(homeserver, alice, bob)  # two members: room_one_to_one
+    await send(homeserver, alice, room_id, "my own: never counted")
+    first = await send(homeserver, bob, room_id, "one")
+    await send(homeserver, bob, room_id, "hey alice, look")  # contains_user_name
+    path = f"/rooms/{room_id}/send/m.room.message/{homeserver.txn()}"
+    await homeserver.ok(
+        "PUT",
+        path,
+        {"msgtype": "m.text", "body": "alice", "m.mentions": {}},  # intentional: no mention
+        token=bob.token,
+    )
+    await homeserver.ok(
+        "PUT", path + "n", {"msgtype": "m.notice", "body": "alice"}, token=bob.token
+    )
+    body = await sync(homeserver, alice)
+    counts = body["rooms"]["join"][room_id]["unread_notifications"]
+    assert counts == {"notification_count": 3, "highlight_count": 1}
+    # A receipt on the first message: only what follows it counts.
+    await homeserver.ok("POST", f"/rooms/{room_id}/receipt/m.read/{first}", {}, token=alice.token)
+    later = await sync(homeserver, alice, since=body["next_batch"])
+    counts = later["rooms"]["join"][room_id]["unread_notifications"]
+    assert counts == {"notification_count": 2, "highlight_count": 1}
+    # The private receipt counts too; the later of the two wins.
+    last = await send(homeserver, bob, room_id, "latest")
+    await homeserver.ok(
+        "POST", f"/rooms/{room_id}/receipt/m.read.private/{last}", {}, token=alice.token
+    )
+    read = await sync(homeserver, alice, since=later["next_batch"])
+    counts = read["rooms"]["join"][room_id]["unread_notifications"]
+    assert counts == {"notification_count": 0, "highlight_count": 0}

@@ -20,6 +20,7 @@ from roomstream.client.filtering import EMPTY_SYNC_FILTER, EventFilter, SyncFilt
 from roomstream.client.notifier import Notifier
 from roomstream.client.store import ClientStore
 from roomstream.client.typing import TypingState
+from roomstream.client.unread import UnreadCounter
 from roomstream.client.userdata import UserData
 from roomstream.errors import Codes, MatrixError
 from roomstream.events.redaction import redact
@@ -119,6 +120,7 @@ class SyncHandler:
         self.typing = typing
         self.notifier = notifier
         self.store = store
+        self.unread = UnreadCounter(reader.store)
         #: (user, device) -> the to-device position up to which its inbox was cleared.
         self._to_device_cleared: dict[tuple[str, str], int] = {}
         #: (user, device) -> lazy-loaded members it was sent (most recent last).
@@ -315,6 +317,8 @@ class SyncHandler:
         )
         for room_id, summary in summaries.items():
             join[room_id]["summary"] = summary
+        for room_id, counts in (await self.unread.counts(user_id, list(join))).items():
+            join[room_id]["unread_notifications"] = counts
         next_batch = SyncToken(
             result.next_token,
             positions["account_data"],
