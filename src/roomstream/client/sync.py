@@ -120,7 +120,7 @@ class SyncHandler:
         self.typing = typing
         self.notifier = notifier
         self.store = store
-        self.unread = UnreadCounter(reader.store)
+        self.unread = UnreadCounter(reader)
         #: (user, device) -> the to-device position up to which its inbox was cleared.
         self._to_device_cleared: dict[tuple[str, str], int] = {}
         #: (user, device) -> lazy-loaded members it was sent (most recent last).

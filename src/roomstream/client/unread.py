@@ -23,13 +23,15 @@ the room's current state (its member count, the user's display name, power level
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from roomstream.client.pushrules import default_push_rules
-from roomstream.rooms.store import EventStore, load_events_txn
+from roomstream.reading import RoomReader
+from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Transaction
 
 __all__ = ["PushContext", "UnreadCounter", "evaluate"]
@@ -223,24 +225,57 @@ def count_unread(
     return notifications, highlights
 
 
-class UnreadCounter:
-    """Counts for a user's rooms, read in one database interaction."""
+@dataclass(frozen=True)
+class _Counted:
+    """Counts of a (user, room) from ``floor`` (the receipt or join stream ordering) over
+    every event the database held when the room's events were last seen to move at or
+    before ``checked_at`` (an events position: see :class:`UnreadCounter`)."""
 
-    def __init__(self, store: EventStore) -> None:
-        self.store = store
+    floor: int
+    checked_at: int
+    counts: tuple[int, int]
+
+
+class UnreadCounter:
+    """Counts for a user's rooms, read in one database interaction.
+
+    Remembers each (user, room)'s counts: they are reused while the user's receipt (or
+    join) has not moved and the read path's change cache says the room has no event
+    after the position the reader had ingested before they were counted (an event
+    persisted after counting is after that position, so it invalidates them once the
+    reader sees it, which is also when a sync can first show it). So a repeated sync
+    costs two statements (receipts, memberships) whatever the number of rooms.
+    """
+
+    def __init__(self, reader: RoomReader, max_entries: int = 100_000) -> None:
+        self.reader = reader
+        self._counted: OrderedDict[tuple[str, str], _Counted] = OrderedDict()
+        self._max_entries = max_entries
 
     async def counts(self, user_id: str, room_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         """room -> ``{"notification_count", "highlight_count"}``."""
         if not room_ids:
             return {}
         rules = default_push_rules(user_id)
-        found: dict[str, tuple[int, int]] = await self.store.db.run_interaction(
-            _counts_txn, rules, user_id, sorted(room_ids)
+        checked_at = self.reader.ingested_floor
+        known = {r: c for r in room_ids if (c := self._counted.get((user_id, r))) is not None}
+        for room_id in list(known):
+            if self.reader.rooms_changed_since((room_id,), known[room_id].checked_at):
+                del known[room_id]
+        found: dict[str, tuple[int, tuple[int, int]]] = await self.reader.db.run_interaction(
+            _counts_txn, rules, user_id, sorted(room_ids), known
         )
-        return {
-            room_id: {"notification_count": n, "highlight_count": h}
-            for room_id, (n, h) in found.items()
-        }
+        result = {}
+        for room_id, (floor, (n, h)) in found.items():
+            result[room_id] = {"notification_count": n, "highlight_count": h}
+            previous = known.get(room_id)
+            if previous is None or previous.floor != floor:
+                key = (user_id, room_id)
+                self._counted[key] = _Counted(floor, checked_at, (n, h))
+                self._counted.move_to_end(key)
+        while len(self._counted) > self._max_entries:
+            self._counted.popitem(last=False)
+        return result
 
 
 def _marks(n: int) -> str:
@@ -248,9 +283,14 @@ def _marks(n: int) -> str:
 
 
 def _counts_txn(
-    txn: Transaction, rules: Mapping[str, Any], user_id: str, room_ids: list[str]
-) -> dict[str, tuple[int, int]]:
-    result: dict[str, tuple[int, int]] = {}
+    txn: Transaction,
+    rules: Mapping[str, Any],
+    user_id: str,
+    room_ids: list[str],
+    known: Mapping[str, _Counted],
+) -> dict[str, tuple[int, tuple[int, int]]]:
+    """room -> (floor, counts); a ``known`` entry with the same floor is reused."""
+    result: dict[str, tuple[int, tuple[int, int]]] = {}
     for start in range(0, len(room_ids), 500):
         chunk = room_ids[start : start + 500]
         marks = _marks(len(chunk))
@@ -276,22 +316,30 @@ def _counts_txn(
                 floor[str(room_id)] = max(floor.get(str(room_id), 0), int(stream))
         pending: dict[str, list[str]] = {}
         for room_id in chunk:
+            start_at = floor.get(room_id, 0)
+            cached = known.get(room_id)
+            if cached is not None and cached.floor == start_at:
+                result[room_id] = (start_at, cached.counts)
+                continue
             ids = [
                 str(r[0])
                 for r in txn.query(
                     "SELECT event_id FROM events WHERE room_id = ? AND stream_ordering > ?"
                     " AND sender <> ? AND rejected_reason IS NULL AND soft_failed = ?"
                     f" AND outlier = ? ORDER BY stream_ordering LIMIT {MAX_COUNTED}",
-                    (room_id, floor.get(room_id, 0), user_id, False, False),
+                    (room_id, start_at, user_id, False, False),
                 )
             ]
             if ids:
                 pending[room_id] = ids
             else:
-                result[room_id] = (0, 0)
+                result[room_id] = (start_at, (0, 0))
         for room_id, ids in pending.items():
-            result[room_id] = count_unread(
-                rules, _events_in_order(txn, ids), _context_txn(txn, room_id, user_id)
+            result[room_id] = (
+                floor.get(room_id, 0),
+                count_unread(
+                    rules, _events_in_order(txn, ids), _context_txn(txn, room_id, user_id)
+                ),
             )
     return result
 

@@ -415,6 +415,17 @@ class RoomReader:
 
     # -- change caches ---------------------------------------------------------------
 
+    @property
+    def ingested_floor(self) -> int:
+        """An events-stream position every event of which, on every writer, the change
+        caches have seen: an event persisted later is after it."""
+        return min(self._ingested.values(), default=0)
+
+    def rooms_changed_since(self, room_ids: Iterable[str], position: int) -> set[str]:
+        """Of ``room_ids``, those that may have new events after ``position``."""
+        changes = self._room_changes
+        return {r for r in room_ids if changes.has_entity_changed(r, position)}
+
     async def _ingest(self) -> EventsToken:
         """Bring the change caches up to the events positions this process knows."""
         positions = self.streams.generator("events").get_positions()
