@@ -393,6 +393,9 @@ class RoomReader:
         self._formatted_size = format_cache_size
         # user -> (ingested linear position when loaded, {room: membership})
         self._rooms_of: dict[str, tuple[int, dict[str, str]]] = {}
+        # room -> (ingested linear position before it was read, its summary's parts)
+        self._summaries: OrderedDict[str, tuple[int, _RoomSummary]] = OrderedDict()
+        self._summaries_size = change_cache_size
 
     @classmethod
     def for_engine(cls, engine: RoomEngine, **kwargs: Any) -> RoomReader:
@@ -637,7 +640,25 @@ class RoomReader:
         those who left or were banned. One database interaction for all the rooms."""
         if not room_ids:
             return {}
-        return await self.db.run_interaction(_summaries_txn, user_id, sorted(room_ids))
+        # Per room, not per user: kept while the change cache says the room has no event
+        # after the position ingested before it was read (a later event is after it).
+        checked_at = self.ingested_floor
+        cache = self._summaries
+        known: dict[str, _RoomSummary] = {}
+        for room_id in room_ids:
+            entry = cache.get(room_id)
+            if entry is not None and not self._room_changes.has_entity_changed(room_id, entry[0]):
+                known[room_id] = entry[1]
+        missing = sorted(r for r in room_ids if r not in known)
+        if missing:
+            read = await self.db.run_interaction(_summaries_txn, missing)
+            for room_id, summary in read.items():
+                known[room_id] = summary
+                cache[room_id] = (checked_at, summary)
+                cache.move_to_end(room_id)
+            while len(cache) > self._summaries_size:
+                cache.popitem(last=False)
+        return {room_id: known[room_id].for_user(user_id) for room_id in room_ids}
 
     # -- latest rooms ------------------------------------------------------------------
 
@@ -1368,9 +1389,30 @@ def _lazy_members(
 MAX_HEROES = 5
 
 
-def _summaries_txn(
-    txn: Transaction, user_id: str, room_ids: Sequence[str]
-) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class _RoomSummary:
+    """What every member's summary of a room is made from: the member counts, whether
+    the room is named, and (unnamed rooms) its first ``MAX_HEROES + 1`` members in hero
+    order: joined and invited ones first, each group by membership event stream order."""
+
+    joined: int
+    invited: int
+    named: bool
+    members: tuple[tuple[str, str], ...]
+
+    def for_user(self, user_id: str) -> dict[str, Any]:
+        summary: dict[str, Any] = {
+            "m.joined_member_count": self.joined,
+            "m.invited_member_count": self.invited,
+        }
+        if not self.named:
+            others = [(m, ms) for m, ms in self.members if m != user_id]
+            current = [m for m, ms in others if ms in ("join", "invite")]
+            summary["m.heroes"] = (current or [m for m, _ in others])[:MAX_HEROES]
+        return summary
+
+
+def _summaries_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, _RoomSummary]:
     counts: dict[str, dict[str, int]] = {r: {} for r in room_ids}
     named: set[str] = set()
     for chunk in _chunks(room_ids):
@@ -1397,27 +1439,27 @@ def _summaries_txn(
                 event.type == "m.room.canonical_alias" and content.get("alias")
             ):
                 named.add(naming[event_id])
-    result: dict[str, dict[str, Any]] = {}
+    result: dict[str, _RoomSummary] = {}
     for room_id in room_ids:
-        summary: dict[str, Any] = {
-            "m.joined_member_count": counts[room_id].get("join", 0),
-            "m.invited_member_count": counts[room_id].get("invite", 0),
-        }
+        members: tuple[tuple[str, str], ...] = ()
         if room_id not in named:
-            members = [
+            members = tuple(
                 (str(member), str(membership))
                 for member, membership in txn.query(
                     "SELECT c.state_key, c.membership FROM current_state_events c"
                     " JOIN events e ON e.event_id = c.event_id"
-                    " WHERE c.room_id = ? AND c.type = 'm.room.member' AND c.state_key <> ?"
+                    " WHERE c.room_id = ? AND c.type = 'm.room.member'"
                     " ORDER BY CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1"
-                    f" END, e.stream_ordering LIMIT {MAX_HEROES}",
-                    (room_id, user_id),
+                    f" END, e.stream_ordering LIMIT {MAX_HEROES + 1}",
+                    (room_id,),
                 )
-            ]
-            current = [m for m, ms in members if ms in ("join", "invite")]
-            summary["m.heroes"] = current or [m for m, _ in members]
-        result[room_id] = summary
+            )
+        result[room_id] = _RoomSummary(
+            counts[room_id].get("join", 0),
+            counts[room_id].get("invite", 0),
+            room_id in named,
+            members,
+        )
     return result
 
 
