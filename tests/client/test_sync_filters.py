@@ -222,6 +222,21 @@ async def test_messages_filter(homeserver: Homeserver) -> None:
         "GET", f"/rooms/{room_id}/messages?dir=b&filter={q({'limit': 2})}", token=alice.token
     )
     assert bodies(by_limit["chunk"]) == ["m3", "m2"]
+    lazy = {"lazy_load_members": True, "types": ["m.room.message"]}
+    page = await homeserver.ok(
+        "GET", f"/rooms/{room_id}/messages?dir=b&limit=2&filter={q(lazy)}", token=alice.token
+    )
+    assert bodies(page["chunk"]) == ["m3", "m2"]
+    assert {(e["type"], e["state_key"]) for e in page["state"]} == {
+        ("m.room.member", alice.user_id),
+        ("m.room.member", bob.user_id),
+    }
+    page = await homeserver.ok(
+        "GET",
+        f"/rooms/{room_id}/messages?dir=b&limit=50&filter={q(lazy | {'senders': [bob.user_id]})}",
+        token=alice.token,
+    )
+    assert [e["state_key"] for e in page["state"]] == [bob.user_id]
 
 
 async def test_limited_incremental_sync_sends_the_state_delta(homeserver: Homeserver) -> None:

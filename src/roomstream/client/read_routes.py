@@ -118,6 +118,14 @@ def read_routes(
         body: dict[str, Any] = {"chunk": events, "start": chunk.start.to_string()}
         if chunk.end is not None:
             body["end"] = chunk.end.to_string()
+        if event_filter.lazy_load_members and events:
+            # The senders' member events in the state after the page's first event.
+            body["state"] = await reader.members(
+                requester.user_id,
+                room_id,
+                at=str(events[0]["event_id"]),
+                users={str(e.get("sender")) for e in events},
+            )
         return json_response(body)
 
     async def context(request: web.Request) -> web.Response:

@@ -956,12 +956,14 @@ class RoomReader:
         at: PaginationToken | str | None = None,
         membership: Collection[str] | None = None,
         not_membership: Collection[str] | None = None,
+        users: Collection[str] | None = None,
     ) -> list[ClientEvent]:
         """The room's ``m.room.member`` state at a point: ``at`` a token, an event ID
         (the state after it), or None (now). A user who has left sees the members at
         their leave at the latest; one who never joined only a ``world_readable`` room's.
-        ``M_FORBIDDEN`` otherwise. Filtered by ``membership`` / ``not_membership``."""
-        raw = await self.db.run_interaction(self._members_txn, user_id, room_id, at)
+        ``M_FORBIDDEN`` otherwise. Filtered by ``membership`` / ``not_membership``, and
+        to the member events of ``users`` (lazy-loading members of ``/messages``)."""
+        raw = await self.db.run_interaction(self._members_txn, user_id, room_id, at, users)
         if raw is None:
             raise MatrixError(403, Codes.FORBIDDEN, "you may not see the members of this room")
         member_ids, loaded = raw
@@ -981,7 +983,12 @@ class RoomReader:
         return result
 
     def _members_txn(
-        self, txn: Transaction, user_id: str, room_id: str, at: PaginationToken | str | None
+        self,
+        txn: Transaction,
+        user_id: str,
+        room_id: str,
+        at: PaginationToken | str | None,
+        users: Collection[str] | None = None,
     ) -> tuple[list[str], _Loaded] | None:
         current = _current_state_txn(txn, room_id)
         if not current:
@@ -1026,7 +1033,11 @@ class RoomReader:
             if row is None or row[0] != room_id:
                 return [], self._load_txn(txn, (), (), user_id, None)
             state = _state_after_txn(txn, event_id)
-        ids = sorted(v for k, v in state.items() if k[0] == "m.room.member")
+        ids = sorted(
+            v
+            for k, v in state.items()
+            if k[0] == "m.room.member" and (users is None or k[1] in users)
+        )
         return ids, self._load_txn(txn, (), ids, user_id, None)
 
     # -- single events -------------------------------------------------------------------
