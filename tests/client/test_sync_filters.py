@@ -381,3 +381,22 @@ async def test_unread_notifications_count_since_the_read_receipt(homeserver: Hom
     read = await sync(homeserver, alice, since=later["next_batch"])
     counts = read["rooms"]["join"][room_id]["unread_notifications"]
     assert counts == {"notification_count": 0, "highlight_count": 0}
+
+
+async def test_filtered_out_events_leave_an_incremental_sync_empty(
+    homeserver: Homeserver,
+) -> None:
+    alice = await homeserver.register("alice")
+    bob = await homeserver.register("bob")
+    room_id = await room_with(homeserver, alice, bob)
+    no_messages = q({"room": {"timeline": {"not_types": ["m.room.message"]}}})
+    start = await sync(homeserver, alice, filter=no_messages)
+    await send(homeserver, bob, room_id, "filtered out")
+    quiet = await sync(homeserver, alice, since=start["next_batch"], filter=no_messages)
+    assert quiet["rooms"]["join"] == {}
+    await homeserver.ok(
+        "PUT", f"/rooms/{room_id}/state/m.room.topic", {"topic": "shown"}, token=alice.token
+    )
+    shown = await sync(homeserver, alice, since=quiet["next_batch"], filter=no_messages)
+    events = shown["rooms"]["join"][room_id]["timeline"]["events"]
+    assert [e["type"] for e in events] == ["m.room.topic"]

@@ -312,6 +312,11 @@ class SyncHandler:
             if room_id in receipts:
                 ephemeral.append({"type": "m.receipt", "content": receipts[room_id]})
             room["ephemeral"]["events"].extend(only.ephemeral.apply(ephemeral))
+        if since is not None and not request.full_state:
+            # Rooms the filter left with nothing to say are not sent, and so do not end
+            # a long poll (a message type the client filtered out does not wake it).
+            for room_id in [r for r, room in join.items() if _says_nothing(room)]:
+                del join[room_id]
         summaries = await self.reader.room_summaries(
             user_id, [r for r, room in join.items() if since is None or _membership_moved(room)]
         )
@@ -326,16 +331,17 @@ class SyncHandler:
             to_device_end,
             typing_token,
         )
+        account_events = _account_events(global_data, only.account_data)
         body = {
             "next_batch": next_batch.to_string(),
             "rooms": {"join": join, "invite": invite, "leave": leave, "knock": {}},
-            "account_data": _events(_account_events(global_data, only.account_data)),
+            "account_data": _events(account_events),
             "to_device": _events(to_device),
             "presence": _events([]),
             "device_lists": {"changed": [], "left": []},
             "device_one_time_keys_count": {},
         }
-        empty = not (join or invite or leave or global_data or to_device)
+        empty = not (join or invite or leave or account_events or to_device)
         return body, empty
 
     async def _invites(
@@ -401,4 +407,16 @@ def _membership_moved(room: dict[str, Any]) -> bool:
         e.get("type") in _SUMMARY_TYPES
         for part in ("timeline", "state")
         for e in room[part]["events"]
+    )
+
+
+def _says_nothing(room: dict[str, Any]) -> bool:
+    """A joined room entry with no events in any section and no gap to report."""
+    timeline = room["timeline"]
+    return not (
+        timeline["events"]
+        or timeline["limited"]
+        or room["state"]["events"]
+        or room["ephemeral"]["events"]
+        or room["account_data"]["events"]
     )
