@@ -146,3 +146,38 @@ async def test_partial_visibility_with_nio(clients: dict[str, AsyncClient]) -> N
         "after",
         "before",
     ]
+
+
+async def test_lazy_members_summary_and_unread_counts_with_nio(
+    clients: dict[str, AsyncClient], running_server: RunningServer
+) -> None:
+    alice, bob, carol = clients["alice"], clients["bob"], clients["carol"]
+    dave = AsyncClient(running_server.url, f"@dave:{running_server.server_name}")
+    try:
+        for client, name in ((alice, "alice"), (bob, "bob"), (carol, "carol"), (dave, "dave")):
+            assert isinstance(await client.register(name, f"pw-{name}"), RegisterResponse)
+        others = [bob, carol, dave]
+        created = await alice.room_create(invite=[c.user_id for c in others])
+        assert isinstance(created, RoomCreateResponse), created
+        room_id = created.room_id
+        for client in others:
+            assert isinstance(await client.join(room_id), JoinResponse)
+        for client, body in ((dave, "early"), (carol, "one"), (carol, "hey alice"), (carol, "3")):
+            await client.room_send(room_id, "m.room.message", {"msgtype": "m.text", "body": body})
+        lazy = {"room": {"state": {"lazy_load_members": True}, "timeline": {"limit": 2}}}
+        first = await sync_ok(alice, sync_filter=lazy, full_state=True)
+        assert texts(first, room_id) == ["hey alice", "3"]
+        room = alice.rooms[room_id]
+        # Only the timeline's senders (and alice) are loaded; the summary has the rest.
+        assert set(room.users) == {alice.user_id, carol.user_id}
+        assert room.summary is not None
+        assert room.summary.heroes == [bob.user_id, carol.user_id, dave.user_id]
+        assert (room.joined_count, room.invited_count) == (4, 0)
+        # Everyone else's messages notify; the one naming alice highlights.
+        assert (room.unread_notifications, room.unread_highlights) == (4, 1)
+        await dave.room_send(room_id, "m.room.message", {"msgtype": "m.text", "body": "later"})
+        await sync_ok(alice, sync_filter=lazy, since=alice.next_batch)
+        assert set(room.users) == {alice.user_id, carol.user_id, dave.user_id}
+        assert room.unread_notifications == 5
+    finally:
+        await dave.close()

@@ -54,10 +54,23 @@ def default_push_rules(user_id: str) -> dict[str, Any]:
             ],
         ),
         _rule(
+            ".m.rule.contains_display_name",
+            [*_NOTIFY, _SOUND, _HIGHLIGHT],
+            [{"kind": "contains_display_name"}],
+        ),
+        _rule(
             ".m.rule.is_room_mention",
             [*_NOTIFY, _HIGHLIGHT],
             [
                 {"kind": "event_property_is", "key": "content.m\\.mentions.room", "value": True},
+                {"kind": "sender_notification_permission", "key": "room"},
+            ],
+        ),
+        _rule(
+            ".m.rule.roomnotif",
+            [*_NOTIFY, _HIGHLIGHT],
+            [
+                _event_match("content.body", "@room"),
                 {"kind": "sender_notification_permission", "key": "room"},
             ],
         ),

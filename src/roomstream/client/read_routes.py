@@ -10,16 +10,17 @@ import orjson
 from aiohttp import web
 
 from roomstream.accounts import Accounts, Requester
+from roomstream.client.filtering import (
+    EMPTY_ROOM_EVENT_FILTER,
+    SyncFilter,
+    parse_room_event_filter,
+    parse_sync_filter,
+)
 from roomstream.client.request import json_response, query_bool, query_int
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
 from roomstream.client.store import ClientStore
-from roomstream.client.sync import (
-    DEFAULT_TIMELINE_LIMIT,
-    SyncHandler,
-    SyncRequest,
-    SyncToken,
-)
+from roomstream.client.sync import SyncHandler, SyncRequest, SyncToken
 from roomstream.errors import Codes, MatrixError
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.tokens import PaginationToken
@@ -27,33 +28,26 @@ from roomstream.reading.tokens import PaginationToken
 __all__ = ["read_routes"]
 
 
-async def load_filter(store: ClientStore, requester: Requester, raw: str | None) -> dict[str, Any]:
-    """A filter given inline (JSON) or by the ID of an uploaded one."""
+async def load_filter(store: ClientStore, requester: Requester, raw: str | None) -> SyncFilter:
+    """A ``/sync`` filter given inline (JSON) or by the ID of an uploaded one (an
+    unknown ID is ``400 M_INVALID_PARAM``, as Synapse answers)."""
     if raw is None or raw == "":
-        return {}
+        return SyncFilter()
     if raw.startswith("{"):
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise MatrixError(400, Codes.NOT_JSON, "filter is not JSON") from None
-        if not isinstance(value, dict):
-            raise MatrixError(400, Codes.BAD_JSON, "filter must be an object")
-        return value
+        return parse_sync_filter(_inline_json(raw))
     if not raw.isascii() or not raw.isdigit() or len(raw) > 17:
         raise MatrixError(400, Codes.INVALID_PARAM, "filter must be JSON or a filter ID")
     found = await store.get_filter(requester.user_id, int(raw))
     if found is None:
         raise MatrixError(400, Codes.INVALID_PARAM, f"no filter {raw}")
-    return found
+    return parse_sync_filter(found)
 
 
-def _limit_from(section: Any, default: int) -> int:
-    if not isinstance(section, dict):
-        return default
-    limit = section.get("limit")
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        return default
-    return max(1, min(limit, MAX_LIMIT))
+def _inline_json(raw: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise MatrixError(400, Codes.NOT_JSON, "filter is not JSON") from None
 
 
 def _token(raw: str | None) -> PaginationToken | None:
@@ -76,9 +70,7 @@ def read_routes(
     async def sync(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         since_raw = request.query.get("since")
-        filter_def = await load_filter(store, requester, request.query.get("filter"))
-        room_filter = filter_def.get("room")
-        timeline = room_filter.get("timeline") if isinstance(room_filter, dict) else None
+        sync_filter = await load_filter(store, requester, request.query.get("filter"))
         set_presence = request.query.get("set_presence", "online")
         if set_presence not in ("online", "offline", "unavailable"):
             raise MatrixError(400, Codes.INVALID_PARAM, "set_presence: online|offline|unavailable")
@@ -88,7 +80,7 @@ def read_routes(
                 since=SyncToken.parse(since_raw) if since_raw else None,
                 timeout_ms=query_int(request, "timeout", 0),
                 full_state=query_bool(request, "full_state"),
-                timeline_limit=_limit_from(timeline, DEFAULT_TIMELINE_LIMIT),
+                filter=sync_filter,
             ),
         )
         return json_response(body)
@@ -99,8 +91,13 @@ def read_routes(
         direction = request.query.get("dir", "b")
         if direction not in ("b", "f"):
             raise MatrixError(400, Codes.INVALID_PARAM, "dir must be b or f")
-        filter_def = await load_filter(store, requester, request.query.get("filter"))
-        limit = query_int(request, "limit", _limit_from(filter_def, 10), low=0, high=10_000)
+        raw_filter = request.query.get("filter")
+        event_filter = (
+            EMPTY_ROOM_EVENT_FILTER
+            if not raw_filter
+            else parse_room_event_filter(_inline_json(raw_filter))
+        )
+        limit = query_int(request, "limit", event_filter.limit or 10, low=0, high=10_000)
         limit = max(1, min(limit, MAX_LIMIT))
         from_token = _token(request.query.get("from"))
         dir_value: Literal["b", "f"] = "b" if direction == "b" else "f"
@@ -113,9 +110,22 @@ def read_routes(
             to_token=_token(request.query.get("to")),
             device_id=requester.device_id,
         )
-        body: dict[str, Any] = {"chunk": chunk.events, "start": chunk.start.to_string()}
+        # Filtered after reading (see docs/client_api.md): a page may hold fewer than
+        # `limit` events, and `end` still continues after every event read.
+        events = chunk.events
+        if not event_filter.allows_all:
+            events = [e for e in events if event_filter.matches(e)]
+        body: dict[str, Any] = {"chunk": events, "start": chunk.start.to_string()}
         if chunk.end is not None:
             body["end"] = chunk.end.to_string()
+        if event_filter.lazy_load_members and events:
+            # The senders' member events in the state after the page's first event.
+            body["state"] = await reader.members(
+                requester.user_id,
+                room_id,
+                at=str(events[0]["event_id"]),
+                users={str(e.get("sender")) for e in events},
+            )
         return json_response(body)
 
     async def context(request: web.Request) -> web.Response:

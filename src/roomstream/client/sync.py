@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from roomstream.accounts import Requester
+from roomstream.client.filtering import EMPTY_SYNC_FILTER, EventFilter, SyncFilter
 from roomstream.client.notifier import Notifier
 from roomstream.client.store import ClientStore
 from roomstream.client.typing import TypingState
+from roomstream.client.unread import UnreadCounter
 from roomstream.client.userdata import UserData
 from roomstream.errors import Codes, MatrixError
+from roomstream.events.redaction import redact
 from roomstream.reading import EventsToken, RoomReader, RoomTimeline
 
 __all__ = ["SyncHandler", "SyncToken"]
@@ -62,15 +66,44 @@ class SyncRequest:
     since: SyncToken | None
     timeout_ms: int
     full_state: bool
-    timeline_limit: int = DEFAULT_TIMELINE_LIMIT
+    filter: SyncFilter = EMPTY_SYNC_FILTER
+
+    @property
+    def timeline_limit(self) -> int:
+        limit = self.filter.timeline.limit
+        return DEFAULT_TIMELINE_LIMIT if limit is None else limit
+
+
+#: Devices whose lazy-loaded members are remembered, and members remembered per device
+#: (past either bound the memory is dropped: the device is sent members again).
+MAX_LAZY_DEVICES = 10_000
+MAX_LAZY_MEMBERS_PER_DEVICE = 50_000
+
+
+@dataclass
+class _SentMembers:
+    """The members (room -> user -> member event ID) sent to one device, valid for the
+    sync that continues from ``token`` (the ``next_batch`` they were sent with)."""
+
+    token: str
+    members: dict[str, dict[str, str]]
+    size: int = 0
 
 
 def _events(events: list[Any]) -> dict[str, Any]:
     return {"events": events}
 
 
-def _account_events(by_type: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"type": t, "content": c} for t, c in sorted(by_type.items())]
+def _account_events(
+    by_type: dict[str, dict[str, Any]], only: EventFilter | None = None
+) -> list[dict[str, Any]]:
+    events = [{"type": t, "content": c} for t, c in sorted(by_type.items())]
+    return events if only is None or only.allows_all else only.apply(events)
+
+
+def _kept(only: EventFilter, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` that pass ``only`` (its ``limit`` is for timelines, not applied)."""
+    return events if only.allows_all else [e for e in events if only.matches(e)]
 
 
 class SyncHandler:
@@ -87,8 +120,11 @@ class SyncHandler:
         self.typing = typing
         self.notifier = notifier
         self.store = store
+        self.unread = UnreadCounter(reader)
         #: (user, device) -> the to-device position up to which its inbox was cleared.
         self._to_device_cleared: dict[tuple[str, str], int] = {}
+        #: (user, device) -> lazy-loaded members it was sent (most recent last).
+        self._sent_members: OrderedDict[tuple[str, str], _SentMembers] = OrderedDict()
 
     async def sync(self, requester: Requester, request: SyncRequest) -> dict[str, Any]:
         """The response; with a ``since`` token and nothing new, waits (up to the timeout)
@@ -100,14 +136,90 @@ class SyncHandler:
                 body, empty = await self._build(requester, request)
                 remaining = deadline - time.monotonic()
                 if not empty or request.since is None or request.full_state or remaining <= 0:
-                    return body
+                    break
                 await waiter.wait(remaining)
+        state_filter = request.filter.state
+        if state_filter.lazy_load_members and not state_filter.include_redundant_members:
+            self._drop_sent_members(requester, request.since, body)
+        if request.filter.event_format == "federation":
+            await self._federation_format(body)
+        if request.filter.event_fields is not None:
+            for section in ("join", "leave"):
+                for room in body["rooms"][section].values():
+                    for part in ("timeline", "state"):
+                        room[part]["events"] = request.filter.project(room[part]["events"])
+        return body
+
+    def _drop_sent_members(
+        self, requester: Requester, since: SyncToken | None, body: dict[str, Any]
+    ) -> None:
+        """Lazy-loading without redundant members: drop from each joined room's state the
+        member events this device was already sent, and remember what it is sent now.
+
+        Sound across processes and retried requests: the memory is used only by the
+        sync continuing from the exact ``next_batch`` it was recorded with (any other
+        ``since``, another process, a restart: the device is sent its members again),
+        and is bounded per device and in devices."""
+        key = (requester.user_id, requester.device_id)
+        entry = self._sent_members.pop(key, None)
+        if since is None or entry is None or entry.token != since.to_string():
+            entry = _SentMembers("", {})
+        for room_id, room in body["rooms"]["join"].items():
+            sent = entry.members.setdefault(room_id, {})
+            kept = []
+            for event in room["state"]["events"]:
+                if event.get("type") == "m.room.member":
+                    member = event.get("state_key")
+                    if sent.get(member) == event["event_id"]:
+                        continue
+                    entry.size += member not in sent
+                    sent[member] = event["event_id"]
+                kept.append(event)
+            room["state"]["events"] = kept
+            for event in room["timeline"]["events"]:
+                if event.get("type") == "m.room.member" and "state_key" in event:
+                    entry.size += event["state_key"] not in sent
+                    sent[event["state_key"]] = event["event_id"]
+        for room_id in body["rooms"]["leave"]:
+            entry.members.pop(room_id, None)
+        if entry.size > MAX_LAZY_MEMBERS_PER_DEVICE:
+            return
+        entry.token = body["next_batch"]
+        self._sent_members[key] = entry
+        while len(self._sent_members) > MAX_LAZY_DEVICES:
+            self._sent_members.popitem(last=False)
+
+    async def _federation_format(self, body: dict[str, Any]) -> None:
+        """``event_format: federation``: the rooms' events as their PDUs (redacted ones
+        pruned), in place of the client format."""
+        sections = [
+            room[part]
+            for name in ("join", "leave")
+            for room in body["rooms"][name].values()
+            for part in ("timeline", "state")
+        ]
+        ids = [e["event_id"] for s in sections for e in s["events"] if "event_id" in e]
+        stored = await self.reader.store.get_events(ids)
+
+        def pdu(event: dict[str, Any]) -> dict[str, Any]:
+            found = stored.get(event.get("event_id", ""))
+            if found is None:
+                return event
+            data = dict(found.data)
+            if "redacted_because" in event.get("unsigned", {}):
+                data = redact(data, found.room_version)
+            data.setdefault("event_id", found.event_id)
+            return data
+
+        for section in sections:
+            section["events"] = [pdu(e) for e in section["events"]]
 
     async def _build(
         self, requester: Requester, request: SyncRequest
     ) -> tuple[dict[str, Any], bool]:
         user_id, device_id = requester.user_id, requester.device_id
         since = request.since
+        only = request.filter
         initial = since is None or request.full_state
         positions = {
             name: self.userdata.position(name) for name in ("account_data", "receipts", "to_device")
@@ -115,9 +227,11 @@ class SyncHandler:
         typing_token = self.typing.token
         result = await self.reader.sync(
             user_id,
-            None if initial or since is None else since.events,
+            None if since is None else since.events,
             timeline_limit=request.timeline_limit,
             device_id=device_id,
+            full_state=request.full_state,
+            lazy_members=only.state.lazy_load_members,
         )
         # Each per-user stream is read only when it moved past the token.
         global_data: dict[str, dict[str, Any]] = {}
@@ -158,40 +272,63 @@ class SyncHandler:
         left = [r for r, t in result.rooms.items() if t.membership in ("leave", "ban")]
         forgotten = await self.store.forgotten_rooms(user_id, left) if left else set()
         for room_id, timeline in result.rooms.items():
+            if not only.room_allowed(room_id):
+                continue
             if timeline.membership == "join":
-                join[room_id] = self._joined_room(timeline)
-            elif timeline.membership == "invite" and initial:
+                join[room_id] = self._joined_room(timeline, only)
+            elif timeline.membership == "invite" and since is None:
                 invite[room_id] = {"invite_state": _events(timeline.state)}
-            elif timeline.membership in ("leave", "ban") and room_id not in forgotten:
+            elif (
+                timeline.membership in ("leave", "ban")
+                and room_id not in forgotten
+                # Rooms left before the token only when the filter asks (spec:
+                # include_leave); a leave since the token is news, always sent.
+                and (since is not None or only.include_leave)
+            ):
                 leave[room_id] = {
-                    "timeline": self._timeline(timeline),
-                    "state": _events(timeline.state),
+                    "timeline": self._timeline(timeline, only),
+                    "state": _events(_kept(only.state, timeline.state)),
                     "account_data": _events([]),
                 }
-        if not initial:
+        if since is not None:
             newly_invited = {r for r, t in result.rooms.items() if t.membership == "invite"} | {
                 e["room_id"]
                 for e in result.membership_changes
                 if e.get("content", {}).get("membership") == "invite"
             }
-            await self._invites(user_id, newly_invited - set(join), invite)
+            newly_invited = {r for r in newly_invited if only.room_allowed(r)}
+            await self._invites(
+                user_id, newly_invited - set(join), invite, every=request.full_state, only=only
+            )
         prev_batch = result.next_token.to_string() if since is None else since.events.to_string()
         for room_id in set(room_data) | set(receipts) | set(typing):
-            if room_id not in joined:
+            if room_id not in joined or not only.room_allowed(room_id):
                 continue
             room = join.get(room_id)
             if room is None:
                 room = join[room_id] = self._empty_joined_room(prev_batch)
             if room_id in room_data:
-                room["account_data"]["events"] = _account_events(room_data[room_id])
+                room["account_data"]["events"] = _account_events(
+                    room_data[room_id], only.room_account_data
+                )
+            ephemeral = []
             if room_id in typing:
-                room["ephemeral"]["events"].append(
-                    {"type": "m.typing", "content": {"user_ids": typing[room_id]}}
-                )
+                ephemeral.append({"type": "m.typing", "content": {"user_ids": typing[room_id]}})
             if room_id in receipts:
-                room["ephemeral"]["events"].append(
-                    {"type": "m.receipt", "content": receipts[room_id]}
-                )
+                ephemeral.append({"type": "m.receipt", "content": receipts[room_id]})
+            room["ephemeral"]["events"].extend(only.ephemeral.apply(ephemeral))
+        if since is not None and not request.full_state:
+            # Rooms the filter left with nothing to say are not sent, and so do not end
+            # a long poll (a message type the client filtered out does not wake it).
+            for room_id in [r for r, room in join.items() if _says_nothing(room)]:
+                del join[room_id]
+        summaries = await self.reader.room_summaries(
+            user_id, [r for r, room in join.items() if since is None or _membership_moved(room)]
+        )
+        for room_id, summary in summaries.items():
+            join[room_id]["summary"] = summary
+        for room_id, counts in (await self.unread.counts(user_id, list(join))).items():
+            join[room_id]["unread_notifications"] = counts
         next_batch = SyncToken(
             result.next_token,
             positions["account_data"],
@@ -199,21 +336,34 @@ class SyncHandler:
             to_device_end,
             typing_token,
         )
+        account_events = _account_events(global_data, only.account_data)
         body = {
             "next_batch": next_batch.to_string(),
             "rooms": {"join": join, "invite": invite, "leave": leave, "knock": {}},
-            "account_data": _events(_account_events(global_data)),
+            "account_data": _events(account_events),
             "to_device": _events(to_device),
             "presence": _events([]),
             "device_lists": {"changed": [], "left": []},
             "device_one_time_keys_count": {},
         }
-        empty = not (join or invite or leave or global_data or to_device)
+        empty = not (join or invite or leave or account_events or to_device)
         return body, empty
 
-    async def _invites(self, user_id: str, invited: set[str], invite: dict[str, Any]) -> None:
-        """Rooms the user was invited to since the token: their stripped state (the
-        read path's invite view: the invite and the room's descriptive state)."""
+    async def _invites(
+        self,
+        user_id: str,
+        invited: set[str],
+        invite: dict[str, Any],
+        *,
+        every: bool = False,
+        only: SyncFilter = EMPTY_SYNC_FILTER,
+    ) -> None:
+        """Rooms the user was invited to since the token (``every``: all the rooms the
+        user is invited to, for ``full_state``): their stripped state (the read path's
+        invite view: the invite and the room's descriptive state)."""
+        if every:
+            pending = await self.reader.store.get_rooms_for_user(user_id, "invite")
+            invited = invited | {r for r in pending if only.room_allowed(r)}
         if not invited:
             return
         page = await self.reader.latest_rooms(
@@ -223,17 +373,20 @@ class SyncHandler:
             if timeline.room_id in invited:
                 invite[timeline.room_id] = {"invite_state": _events(timeline.state)}
 
-    def _timeline(self, timeline: RoomTimeline) -> dict[str, Any]:
+    def _timeline(self, timeline: RoomTimeline, only: SyncFilter) -> dict[str, Any]:
+        # The filter applies to the events read: a timeline of `limit` events of which
+        # some do not match is shorter, and `limited` with `prev_batch` before the first
+        # event read (so paginating back misses none that match).
         return {
-            "events": timeline.events,
+            "events": _kept(only.timeline, timeline.events),
             "limited": timeline.limited,
             "prev_batch": timeline.prev_batch.to_string(),
         }
 
-    def _joined_room(self, timeline: RoomTimeline) -> dict[str, Any]:
+    def _joined_room(self, timeline: RoomTimeline, only: SyncFilter) -> dict[str, Any]:
         room = self._empty_joined_room(timeline.prev_batch.to_string())
-        room["timeline"] = self._timeline(timeline)
-        room["state"] = _events(timeline.state)
+        room["timeline"] = self._timeline(timeline, only)
+        room["state"] = _events(_kept(only.state, timeline.state))
         return room
 
     @staticmethod
@@ -246,3 +399,29 @@ class SyncHandler:
             "unread_notifications": {"highlight_count": 0, "notification_count": 0},
             "summary": {},
         }
+
+
+#: State whose change can change a room's summary.
+_SUMMARY_TYPES = frozenset({"m.room.member", "m.room.name", "m.room.canonical_alias"})
+
+
+def _membership_moved(room: dict[str, Any]) -> bool:
+    """Whether a joined room's incremental update may change its summary (spec: the
+    summary may be left out when unchanged)."""
+    return any(
+        e.get("type") in _SUMMARY_TYPES
+        for part in ("timeline", "state")
+        for e in room[part]["events"]
+    )
+
+
+def _says_nothing(room: dict[str, Any]) -> bool:
+    """A joined room entry with no events in any section and no gap to report."""
+    timeline = room["timeline"]
+    return not (
+        timeline["events"]
+        or timeline["limited"]
+        or room["state"]["events"]
+        or room["ephemeral"]["events"]
+        or room["account_data"]["events"]
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from roomstream.accounts import Accounts, Requester
+from roomstream.client.filtering import parse_sync_filter
 from roomstream.client.notifier import Notifier
 from roomstream.client.pushrules import default_push_rules
 from roomstream.client.request import json_response, optional, read_json, required
@@ -94,6 +95,7 @@ def userdata_routes(
         requester = await authenticate(accounts, request)
         user_id = _own(request, requester)
         definition = await read_json(request)
+        parse_sync_filter(definition)  # rejects a malformed filter (400 M_BAD_JSON)
         filter_id = await store.add_filter(user_id, definition)
         return json_response({"filter_id": str(filter_id)})
 

@@ -393,6 +393,9 @@ class RoomReader:
         self._formatted_size = format_cache_size
         # user -> (ingested linear position when loaded, {room: membership})
         self._rooms_of: dict[str, tuple[int, dict[str, str]]] = {}
+        # room -> (ingested linear position before it was read, its summary's parts)
+        self._summaries: OrderedDict[str, tuple[int, _RoomSummary]] = OrderedDict()
+        self._summaries_size = change_cache_size
 
     @classmethod
     def for_engine(cls, engine: RoomEngine, **kwargs: Any) -> RoomReader:
@@ -414,6 +417,17 @@ class RoomReader:
         return RoomPosition.of_event(row[1].topo, row[1].stream)
 
     # -- change caches ---------------------------------------------------------------
+
+    @property
+    def ingested_floor(self) -> int:
+        """An events-stream position every event of which, on every writer, the change
+        caches have seen: an event persisted later is after it."""
+        return min(self._ingested.values(), default=0)
+
+    def rooms_changed_since(self, room_ids: Iterable[str], position: int) -> set[str]:
+        """Of ``room_ids``, those that may have new events after ``position``."""
+        changes = self._room_changes
+        return {r for r in room_ids if changes.has_entity_changed(r, position)}
 
     async def _ingest(self) -> EventsToken:
         """Bring the change caches up to the events positions this process knows."""
@@ -478,6 +492,8 @@ class RoomReader:
         *,
         timeline_limit: int = 10,
         device_id: str | None = None,
+        full_state: bool = False,
+        lazy_members: bool = False,
     ) -> SyncResult:
         """Every visible event in the user's rooms after ``since``, per room (newest
         ``timeline_limit``, with ``limited`` and ``prev_batch``), plus the user's own
@@ -485,8 +501,21 @@ class RoomReader:
         ``timeline_limit`` events of every room the user is joined to (or invited to,
         or left), with current state.
 
+        State of an incremental sync (spec: the state at the start of the timeline,
+        minus what the client had at ``since``): none for a timeline that follows on
+        from ``since``; for a ``limited`` one, the entries of the state before its first
+        event that differ from the state at ``since``; the whole state before the first
+        event for rooms whose membership of the user changed. ``full_state``: every
+        joined room is in the result, each with its whole state at the start of its
+        timeline (current state when it has no new events).
+
+        ``lazy_members`` (lazy-loading members): of the ``m.room.member`` state, only
+        the events of the timeline's senders and of the user, taken from the state at
+        the start of the timeline (current state for an initial sync) whether or not
+        they changed; the caller drops the ones it knows the device already has.
+
         Rooms whose events-stream position has not moved since ``since`` are skipped
-        from the change cache without a query.
+        from the change cache without a query (unless ``full_state``).
         """
         _check_limit(timeline_limit)
         upto = await self._ingest()
@@ -499,19 +528,23 @@ class RoomReader:
                 device_id=device_id,
                 _token=upto,
             )
+            if lazy_members:
+                for timeline in page.rooms:
+                    if timeline.membership != "invite":
+                        timeline.state = _lazy_members(timeline.state, timeline.events, user_id)
             return SyncResult(upto, {r.room_id: r for r in page.rooms}, [])
         floor = since.minimum
         candidates = sorted(
             r
             for r, m in rooms.items()
-            if m == "join" and self._room_changes.has_entity_changed(r, floor)
+            if m == "join" and (full_state or self._room_changes.has_entity_changed(r, floor))
         )
         members_changed = self._member_changes.has_entity_changed(user_id, floor)
         if not candidates and not members_changed:
             return SyncResult(upto.advance(since), {}, [])
         raw = await self.db.run_interaction(
             self._sync_txn, user_id, candidates, members_changed, since, upto, timeline_limit,
-            device_id,
+            device_id, full_state, lazy_members,
         )  # fmt: skip
         timelines, changes, loaded = raw
         self._complete(loaded)
@@ -546,6 +579,8 @@ class RoomReader:
         upto: EventsToken,
         limit: int,
         device_id: str | None,
+        full_state: bool = False,
+        lazy_members: bool = False,
     ) -> tuple[
         dict[str, tuple[list[_Row], bool, list[str]]], list[tuple[str, str | None]], _Loaded
     ]:
@@ -566,12 +601,32 @@ class RoomReader:
         timelines: dict[str, tuple[list[_Row], bool, list[str]]] = {}
         for room_id in room_ids:
             rows, limited = _new_rows_txn(txn, room_id, views[room_id], since, upto, limit)
-            if not rows and room_id not in changed_rooms:
+            if not rows and room_id not in changed_rooms and not full_state:
                 continue
-            state_ids: list[str] = []
-            if rows and (limited or room_id in changed_rooms):
-                state_ids = _state_ids_before_txn(txn, rows[0].event_id)
-            timelines[room_id] = (rows, limited, state_ids)
+            state: dict[tuple[str, str], str] = {}
+            # The state at the start of the timeline (current state without one).
+            start: dict[tuple[str, str], str] | None = None
+            if rows:
+                if full_state or limited or room_id in changed_rooms or lazy_members:
+                    start = _state_before_txn(txn, rows[0].event_id)
+            elif full_state:
+                start = _current_state_txn(txn, room_id)
+            if start is not None:
+                if full_state or room_id in changed_rooms:
+                    state = start
+                elif limited:
+                    had = _state_at_token_txn(txn, room_id, since)
+                    state = {k: v for k, v in start.items() if had.get(k) != v}
+                if lazy_members:
+                    wanted = {user_id, *_senders_txn(txn, [r.event_id for r in rows]).values()}
+                    state = {
+                        k: v for k, v in state.items() if k[0] != "m.room.member" or k[1] in wanted
+                    }
+                    for member in wanted:
+                        found = start.get(("m.room.member", member))
+                        if found is not None:
+                            state[("m.room.member", member)] = found
+            timelines[room_id] = (rows, limited, sorted(state.values()))
         replaces: dict[str, str | None] = {}
         if changes:
             for chunk in _chunks([c[0] for c in changes]):
@@ -587,6 +642,39 @@ class RoomReader:
         others += [s for _, _, state in timelines.values() for s in state]
         loaded = self._load_txn(txn, rows_all, others, user_id, device_id)
         return timelines, [(c[0], replaces.get(c[0])) for c in changes], loaded
+
+    # -- room summaries ----------------------------------------------------------------
+
+    async def room_summaries(
+        self, user_id: str, room_ids: Collection[str]
+    ) -> dict[str, dict[str, Any]]:
+        """room -> its sync ``summary`` (spec, "Room summary"): ``m.joined_member_count``,
+        ``m.invited_member_count`` from the current state, and ``m.heroes`` for rooms
+        with neither a name nor a canonical alias: up to 5 members other than the
+        user, joined and invited ones first, each group by the stream order of their
+        membership event (as Synapse picks them); when no one else is joined or invited,
+        those who left or were banned. One database interaction for all the rooms."""
+        if not room_ids:
+            return {}
+        # Per room, not per user: kept while the change cache says the room has no event
+        # after the position ingested before it was read (a later event is after it).
+        checked_at = self.ingested_floor
+        cache = self._summaries
+        known: dict[str, _RoomSummary] = {}
+        for room_id in room_ids:
+            entry = cache.get(room_id)
+            if entry is not None and not self._room_changes.has_entity_changed(room_id, entry[0]):
+                known[room_id] = entry[1]
+        missing = sorted(r for r in room_ids if r not in known)
+        if missing:
+            read = await self.db.run_interaction(_summaries_txn, missing)
+            for room_id, summary in read.items():
+                known[room_id] = summary
+                cache[room_id] = (checked_at, summary)
+                cache.move_to_end(room_id)
+            while len(cache) > self._summaries_size:
+                cache.popitem(last=False)
+        return {room_id: known[room_id].for_user(user_id) for room_id in room_ids}
 
     # -- latest rooms ------------------------------------------------------------------
 
@@ -884,12 +972,14 @@ class RoomReader:
         at: PaginationToken | str | None = None,
         membership: Collection[str] | None = None,
         not_membership: Collection[str] | None = None,
+        users: Collection[str] | None = None,
     ) -> list[ClientEvent]:
         """The room's ``m.room.member`` state at a point: ``at`` a token, an event ID
         (the state after it), or None (now). A user who has left sees the members at
         their leave at the latest; one who never joined only a ``world_readable`` room's.
-        ``M_FORBIDDEN`` otherwise. Filtered by ``membership`` / ``not_membership``."""
-        raw = await self.db.run_interaction(self._members_txn, user_id, room_id, at)
+        ``M_FORBIDDEN`` otherwise. Filtered by ``membership`` / ``not_membership``, and
+        to the member events of ``users`` (lazy-loading members of ``/messages``)."""
+        raw = await self.db.run_interaction(self._members_txn, user_id, room_id, at, users)
         if raw is None:
             raise MatrixError(403, Codes.FORBIDDEN, "you may not see the members of this room")
         member_ids, loaded = raw
@@ -909,7 +999,12 @@ class RoomReader:
         return result
 
     def _members_txn(
-        self, txn: Transaction, user_id: str, room_id: str, at: PaginationToken | str | None
+        self,
+        txn: Transaction,
+        user_id: str,
+        room_id: str,
+        at: PaginationToken | str | None,
+        users: Collection[str] | None = None,
     ) -> tuple[list[str], _Loaded] | None:
         current = _current_state_txn(txn, room_id)
         if not current:
@@ -954,7 +1049,11 @@ class RoomReader:
             if row is None or row[0] != room_id:
                 return [], self._load_txn(txn, (), (), user_id, None)
             state = _state_after_txn(txn, event_id)
-        ids = sorted(v for k, v in state.items() if k[0] == "m.room.member")
+        ids = sorted(
+            v
+            for k, v in state.items()
+            if k[0] == "m.room.member" and (users is None or k[1] in users)
+        )
         return ids, self._load_txn(txn, (), ids, user_id, None)
 
     # -- single events -------------------------------------------------------------------
@@ -1293,6 +1392,119 @@ def _state_after_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], s
 
 def _state_ids_after_txn(txn: Transaction, event_id: str) -> list[str]:
     return sorted(_state_after_txn(txn, event_id).values())
+
+
+def _state_before_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], str]:
+    groups = _state_groups_txn(txn, event_id)
+    return {} if groups is None else get_state_txn(txn, groups[0])
+
+
+def _state_at_token_txn(
+    txn: Transaction, room_id: str, token: EventsToken
+) -> dict[tuple[str, str], str]:
+    """The room's state after its latest timeline event ``token`` covers (empty when it
+    covers none): what a client synced up to ``token`` has."""
+    point = _point_txn(txn, room_id, token, MIN_POSITION)
+    event_id = _neighbour_before_txn(txn, room_id, point)
+    return {} if event_id is None else _state_after_txn(txn, event_id)
+
+
+def _senders_txn(txn: Transaction, event_ids: Sequence[str]) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for chunk in _chunks(list(event_ids)):
+        for event_id, sender in txn.query(
+            f"SELECT event_id, sender FROM events WHERE event_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            result[str(event_id)] = str(sender)
+    return result
+
+
+def _lazy_members(
+    state: list[ClientEvent], timeline: list[ClientEvent], user_id: str
+) -> list[ClientEvent]:
+    """``state`` with only the ``m.room.member`` events of the timeline's senders and of
+    ``user_id`` (lazy-loading members)."""
+    wanted = {user_id, *(e.get("sender") for e in timeline)}
+    return [e for e in state if e.get("type") != "m.room.member" or e.get("state_key") in wanted]
+
+
+#: Heroes a summary lists (spec: 5).
+MAX_HEROES = 5
+
+
+@dataclass(frozen=True)
+class _RoomSummary:
+    """What every member's summary of a room is made from: the member counts, whether
+    the room is named, and (unnamed rooms) its first ``MAX_HEROES + 1`` members in hero
+    order: joined and invited ones first, each group by membership event stream order."""
+
+    joined: int
+    invited: int
+    named: bool
+    members: tuple[tuple[str, str], ...]
+
+    def for_user(self, user_id: str) -> dict[str, Any]:
+        summary: dict[str, Any] = {
+            "m.joined_member_count": self.joined,
+            "m.invited_member_count": self.invited,
+        }
+        if not self.named:
+            others = [(m, ms) for m, ms in self.members if m != user_id]
+            current = [m for m, ms in others if ms in ("join", "invite")]
+            summary["m.heroes"] = (current or [m for m, _ in others])[:MAX_HEROES]
+        return summary
+
+
+def _summaries_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, _RoomSummary]:
+    counts: dict[str, dict[str, int]] = {r: {} for r in room_ids}
+    named: set[str] = set()
+    for chunk in _chunks(room_ids):
+        marks = _marks(len(chunk))
+        for room_id, membership, count in txn.query(
+            "SELECT room_id, membership, COUNT(*) FROM current_state_events"
+            f" WHERE room_id IN ({marks}) AND type = 'm.room.member'"
+            " AND membership IN ('join', 'invite') GROUP BY room_id, membership",
+            chunk,
+        ):
+            counts[str(room_id)][str(membership)] = int(count)
+        naming = {
+            str(event_id): str(room_id)
+            for room_id, event_id in txn.query(
+                "SELECT room_id, event_id FROM current_state_events"
+                f" WHERE room_id IN ({marks}) AND state_key = ''"
+                " AND type IN ('m.room.name', 'm.room.canonical_alias')",
+                chunk,
+            )
+        }
+        for event_id, event in load_events_txn(txn, list(naming)).items():
+            content = event.content
+            if (event.type == "m.room.name" and content.get("name")) or (
+                event.type == "m.room.canonical_alias" and content.get("alias")
+            ):
+                named.add(naming[event_id])
+    result: dict[str, _RoomSummary] = {}
+    for room_id in room_ids:
+        members: tuple[tuple[str, str], ...] = ()
+        if room_id not in named:
+            members = tuple(
+                (str(member), str(membership))
+                for member, membership in txn.query(
+                    "SELECT c.state_key, c.membership FROM current_state_events c"
+                    " JOIN events e ON e.event_id = c.event_id"
+                    " WHERE c.room_id = ? AND c.type = 'm.room.member'"
+                    " ORDER BY CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1"
+                    f" END, e.stream_ordering LIMIT {MAX_HEROES + 1}",
+                    (room_id,),
+                )
+            )
+        result[room_id] = _RoomSummary(
+            counts[room_id].get("join", 0),
+            counts[room_id].get("invite", 0),
+            room_id in named,
+            members,
+        )
+    return result
 
 
 def _state_ids_before_txn(txn: Transaction, event_id: str) -> list[str]:

@@ -1,0 +1,379 @@
+"""Unread notification counts (``unread_notifications`` of ``/sync``): push-rule
+evaluation and counting since the user's read receipt.
+
+:func:`evaluate` runs a push-rules document (the server defaults of
+:mod:`roomstream.client.pushrules`) over one event, as the spec's "Push Rules" section
+says: kinds ``override``, ``content``, ``room``, ``sender``, ``underride`` in that order,
+the first enabled rule whose conditions all hold decides; ``notify`` in its actions
+counts a notification, a ``highlight`` tweak (value true or missing) a highlight.
+Conditions: ``event_match`` (glob, case-insensitive; on ``content.body`` at word
+boundaries, as Synapse), ``contains_display_name``, ``room_member_count``,
+``sender_notification_permission``, ``event_property_is``, ``event_property_contains``;
+an unknown kind never holds. Events with ``content["m.mentions"]`` skip the legacy
+mention rules (``contains_display_name``, ``contains_user_name``, ``roomnotif``), as the
+spec's intentional mentions say.
+
+:class:`UnreadCounter` counts, per room, the events after the later of the user's
+``m.read`` / ``m.read.private`` receipts (or after their join, without one) that the
+rules say notify: never the user's own events, never rejected or soft-failed ones. Cost:
+the events since the receipt, read by the ``(room, stream)`` index and evaluated against
+the room's current state (its member count, the user's display name, power levels).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from roomstream.client.pushrules import default_push_rules
+from roomstream.reading import RoomReader
+from roomstream.rooms.store import load_events_txn
+from roomstream.storage import Transaction
+
+__all__ = ["PushContext", "UnreadCounter", "evaluate"]
+
+#: Rules that intentional mentions (``m.mentions`` in the content) turn off.
+LEGACY_MENTION_RULES = frozenset(
+    {".m.rule.contains_display_name", ".m.rule.contains_user_name", ".m.rule.roomnotif"}
+)
+_KINDS = ("override", "content", "room", "sender", "underride")
+#: Events counted per room at most (a room with more unread shows this many).
+MAX_COUNTED = 10_000
+
+
+@dataclass(frozen=True)
+class PushContext:
+    """What rules need besides the event: the user, their display name in the room,
+    the room's joined member count, its power levels content (None: defaults)."""
+
+    user_id: str
+    display_name: str | None
+    member_count: int
+    power_levels: Mapping[str, Any] | None = None
+
+    def power_of(self, user_id: str) -> int:
+        levels = self.power_levels or {}
+        users = levels.get("users")
+        if isinstance(users, Mapping) and isinstance(users.get(user_id), int):
+            return int(users[user_id])
+        default = levels.get("users_default", 0)
+        return default if isinstance(default, int) else 0
+
+    def notification_level(self, key: str) -> int:
+        notifications = (self.power_levels or {}).get("notifications")
+        if isinstance(notifications, Mapping) and isinstance(notifications.get(key), int):
+            return int(notifications[key])
+        return 50
+
+
+def _split_key(key: str) -> list[str]:
+    """A dotted key, ``\\.`` and ``\\\\`` escaped (spec: "dot-separated path")."""
+    parts: list[str] = []
+    current: list[str] = []
+    escaped = False
+    for char in key:
+        if escaped:
+            current.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == ".":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+_MISSING = object()
+
+
+def _value(event: Mapping[str, Any], key: str) -> Any:
+    value: Any = event
+    for part in _split_key(key):
+        if not isinstance(value, Mapping) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+@lru_cache(maxsize=1024)
+def _glob(pattern: str, words: bool, literal: bool = False) -> re.Pattern[str]:
+    """``pattern`` (``*``, ``?`` wildcards unless ``literal``) matched case-insensitively:
+    the whole value, or (``words``) anywhere at word boundaries."""
+    if literal:
+        body = re.escape(pattern)
+    else:
+        body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    if words:
+        return re.compile(rf"(?:^|\W){body}(?:\W|$)", re.IGNORECASE | re.DOTALL)
+    return re.compile(rf"{body}\Z", re.IGNORECASE | re.DOTALL)
+
+
+def _matches_words(text: str, pattern: str, literal: bool = False) -> bool:
+    return _glob(pattern, True, literal).search(text) is not None
+
+
+_COUNT_RE = re.compile(r"(==|<=|>=|<|>)?([0-9]+)")
+
+
+def _member_count_holds(spec: Any, count: int) -> bool:
+    match = _COUNT_RE.fullmatch(spec) if isinstance(spec, str) else None
+    if match is None:
+        return False
+    op, number = match.group(1) or "==", int(match.group(2))
+    return {
+        "==": count == number,
+        "<": count < number,
+        ">": count > number,
+        "<=": count <= number,
+        ">=": count >= number,
+    }[op]
+
+
+def _holds(condition: Mapping[str, Any], event: Mapping[str, Any], ctx: PushContext) -> bool:
+    kind = condition.get("kind")
+    if kind == "event_match":
+        value = _value(event, str(condition.get("key", "")))
+        pattern = condition.get("pattern")
+        if not isinstance(value, str) or not isinstance(pattern, str):
+            return False
+        if condition.get("key") == "content.body":
+            return _matches_words(value, pattern)
+        return _glob(pattern, False).match(value) is not None
+    if kind == "contains_display_name":
+        body = _value(event, "content.body")
+        name = ctx.display_name
+        return isinstance(body, str) and bool(name) and _matches_words(body, name or "", True)
+    if kind == "room_member_count":
+        return _member_count_holds(condition.get("is"), ctx.member_count)
+    if kind == "sender_notification_permission":
+        sender = event.get("sender")
+        key = condition.get("key")
+        if not isinstance(sender, str) or not isinstance(key, str):
+            return False
+        return ctx.power_of(sender) >= ctx.notification_level(key)
+    if kind == "event_property_is":
+        value = _value(event, str(condition.get("key", "")))
+        expected = condition.get("value")
+        return value is not _MISSING and type(value) is type(expected) and value == expected
+    if kind == "event_property_contains":
+        value = _value(event, str(condition.get("key", "")))
+        return isinstance(value, list) and condition.get("value") in value
+    return False
+
+
+def _rule_holds(
+    kind: str, rule: Mapping[str, Any], event: Mapping[str, Any], ctx: PushContext
+) -> bool:
+    if kind == "content":
+        body = _value(event, "content.body")
+        pattern = rule.get("pattern")
+        return isinstance(body, str) and isinstance(pattern, str) and _matches_words(body, pattern)
+    if kind == "room":
+        return event.get("room_id") == rule.get("rule_id")
+    if kind == "sender":
+        return event.get("sender") == rule.get("rule_id")
+    conditions = rule.get("conditions", [])
+    return all(_holds(c, event, ctx) for c in conditions)
+
+
+def evaluate(
+    rules: Mapping[str, Any], event: Mapping[str, Any], ctx: PushContext
+) -> tuple[bool, bool]:
+    """``(notify, highlight)`` for ``event`` (a PDU or client-format event) under the
+    push-rules document ``rules`` (``{"global": {kind: [rule...]}}``)."""
+    ruleset = rules.get("global", {})
+    content = event.get("content")
+    intentional = isinstance(content, Mapping) and "m.mentions" in content
+    for kind in _KINDS:
+        for rule in ruleset.get(kind, []):
+            if not rule.get("enabled", True):
+                continue
+            if intentional and rule.get("rule_id") in LEGACY_MENTION_RULES:
+                continue
+            if _rule_holds(kind, rule, event, ctx):
+                actions = rule.get("actions", [])
+                notify = "notify" in actions
+                highlight = any(
+                    isinstance(a, Mapping)
+                    and a.get("set_tweak") == "highlight"
+                    and a.get("value", True) is True
+                    for a in actions
+                )
+                return notify, notify and highlight
+    return False, False
+
+
+def count_unread(
+    rules: Mapping[str, Any], events: Sequence[Mapping[str, Any]], ctx: PushContext
+) -> tuple[int, int]:
+    """``(notification_count, highlight_count)`` over ``events`` (those after the
+    receipt), leaving out the user's own."""
+    notifications = highlights = 0
+    for event in events:
+        if event.get("sender") == ctx.user_id:
+            continue
+        notify, highlight = evaluate(rules, event, ctx)
+        notifications += notify
+        highlights += highlight
+    return notifications, highlights
+
+
+@dataclass(frozen=True)
+class _Counted:
+    """Counts of a (user, room) from ``floor`` (the receipt or join stream ordering) over
+    every event the database held when the room's events were last seen to move at or
+    before ``checked_at`` (an events position: see :class:`UnreadCounter`)."""
+
+    floor: int
+    checked_at: int
+    counts: tuple[int, int]
+
+
+class UnreadCounter:
+    """Counts for a user's rooms, read in one database interaction.
+
+    Remembers each (user, room)'s counts: they are reused while the user's receipt (or
+    join) has not moved and the read path's change cache says the room has no event
+    after the position the reader had ingested before they were counted (an event
+    persisted after counting is after that position, so it invalidates them once the
+    reader sees it, which is also when a sync can first show it). So a repeated sync
+    costs two statements (receipts, memberships) whatever the number of rooms.
+    """
+
+    def __init__(self, reader: RoomReader, max_entries: int = 100_000) -> None:
+        self.reader = reader
+        self._counted: OrderedDict[tuple[str, str], _Counted] = OrderedDict()
+        self._max_entries = max_entries
+
+    async def counts(self, user_id: str, room_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """room -> ``{"notification_count", "highlight_count"}``."""
+        if not room_ids:
+            return {}
+        rules = default_push_rules(user_id)
+        checked_at = self.reader.ingested_floor
+        known = {r: c for r in room_ids if (c := self._counted.get((user_id, r))) is not None}
+        for room_id in list(known):
+            if self.reader.rooms_changed_since((room_id,), known[room_id].checked_at):
+                del known[room_id]
+        found: dict[str, tuple[int, tuple[int, int]]] = await self.reader.db.run_interaction(
+            _counts_txn, rules, user_id, sorted(room_ids), known
+        )
+        result = {}
+        for room_id, (floor, (n, h)) in found.items():
+            result[room_id] = {"notification_count": n, "highlight_count": h}
+            previous = known.get(room_id)
+            if previous is None or previous.floor != floor:
+                key = (user_id, room_id)
+                self._counted[key] = _Counted(floor, checked_at, (n, h))
+                self._counted.move_to_end(key)
+        while len(self._counted) > self._max_entries:
+            self._counted.popitem(last=False)
+        return result
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _counts_txn(
+    txn: Transaction,
+    rules: Mapping[str, Any],
+    user_id: str,
+    room_ids: list[str],
+    known: Mapping[str, _Counted],
+) -> dict[str, tuple[int, tuple[int, int]]]:
+    """room -> (floor, counts); a ``known`` entry with the same floor is reused."""
+    result: dict[str, tuple[int, tuple[int, int]]] = {}
+    for start in range(0, len(room_ids), 500):
+        chunk = room_ids[start : start + 500]
+        marks = _marks(len(chunk))
+        # Where counting starts: the user's latest receipt, or their membership event.
+        floor: dict[str, int] = {}
+        for room_id, stream in txn.query(
+            "SELECT c.room_id, e.stream_ordering FROM current_state_events c"
+            " JOIN events e ON e.event_id = c.event_id"
+            f" WHERE c.room_id IN ({marks}) AND c.type = 'm.room.member' AND c.state_key = ?",
+            (*chunk, user_id),
+        ):
+            floor[str(room_id)] = int(stream)
+        for room_id, stream in txn.query(
+            "SELECT r.room_id, MAX(e.stream_ordering) FROM receipts r"
+            " JOIN events e ON e.event_id = r.event_id"
+            f" WHERE r.room_id IN ({marks}) AND r.user_id = ?"
+            " AND r.receipt_type IN ('m.read', 'm.read.private')"
+            " AND (r.thread_id IS NULL OR r.thread_id = '' OR r.thread_id = 'main')"
+            " GROUP BY r.room_id",
+            (*chunk, user_id),
+        ):
+            if stream is not None:
+                floor[str(room_id)] = max(floor.get(str(room_id), 0), int(stream))
+        pending: dict[str, list[str]] = {}
+        for room_id in chunk:
+            start_at = floor.get(room_id, 0)
+            cached = known.get(room_id)
+            if cached is not None and cached.floor == start_at:
+                result[room_id] = (start_at, cached.counts)
+                continue
+            ids = [
+                str(r[0])
+                for r in txn.query(
+                    "SELECT event_id FROM events WHERE room_id = ? AND stream_ordering > ?"
+                    " AND sender <> ? AND rejected_reason IS NULL AND soft_failed = ?"
+                    f" AND outlier = ? ORDER BY stream_ordering LIMIT {MAX_COUNTED}",
+                    (room_id, start_at, user_id, False, False),
+                )
+            ]
+            if ids:
+                pending[room_id] = ids
+            else:
+                result[room_id] = (start_at, (0, 0))
+        for room_id, ids in pending.items():
+            result[room_id] = (
+                floor.get(room_id, 0),
+                count_unread(
+                    rules, _events_in_order(txn, ids), _context_txn(txn, room_id, user_id)
+                ),
+            )
+    return result
+
+
+def _events_in_order(txn: Transaction, event_ids: list[str]) -> list[Mapping[str, Any]]:
+    loaded = {}
+    for start in range(0, len(event_ids), 500):
+        loaded.update(load_events_txn(txn, event_ids[start : start + 500]))
+    return [loaded[e].data for e in event_ids if e in loaded]
+
+
+def _context_txn(txn: Transaction, room_id: str, user_id: str) -> PushContext:
+    row = txn.query_one(
+        "SELECT COUNT(*) FROM current_state_events"
+        " WHERE room_id = ? AND type = 'm.room.member' AND membership = 'join'",
+        (room_id,),
+    )
+    count = 0 if row is None else int(row[0])
+    ids = {
+        str(t): str(e)
+        for t, e in txn.query(
+            "SELECT type, event_id FROM current_state_events WHERE room_id = ?"
+            " AND ((type = 'm.room.member' AND state_key = ?)"
+            " OR (type = 'm.room.power_levels' AND state_key = ''))",
+            (room_id, user_id),
+        )
+    }
+    loaded = load_events_txn(txn, list(ids.values()))
+    member = loaded.get(ids.get("m.room.member", ""))
+    levels = loaded.get(ids.get("m.room.power_levels", ""))
+    name = None if member is None else member.content.get("displayname")
+    return PushContext(
+        user_id,
+        name if isinstance(name, str) else None,
+        count,
+        None if levels is None else levels.content,
+    )
