@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from roomstream.client.filtering import parse_field_path
 from roomstream.client.pushrules import default_push_rules
+from roomstream.errors import MatrixError
 from roomstream.reading import RoomReader
 from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Transaction
@@ -70,32 +72,16 @@ class PushContext:
         return 50
 
 
-def _split_key(key: str) -> list[str]:
-    """A dotted key, ``\\.`` and ``\\\\`` escaped (spec: "dot-separated path")."""
-    parts: list[str] = []
-    current: list[str] = []
-    escaped = False
-    for char in key:
-        if escaped:
-            current.append(char)
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char == ".":
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return parts
-
-
 _MISSING = object()
 
 
 def _value(event: Mapping[str, Any], key: str) -> Any:
     value: Any = event
-    for part in _split_key(key):
+    try:
+        parts = parse_field_path(key)  # the spec's dotted path, as filters' event_fields
+    except MatrixError:
+        return _MISSING  # a malformed key matches nothing
+    for part in parts:
         if not isinstance(value, Mapping) or part not in value:
             return _MISSING
         value = value[part]

@@ -7,24 +7,45 @@ and derived views (room / user statistics, user directory). See ``docs/pipelines
 - :mod:`~roomstream.pipelines.session`: SparkSessions (local or a cluster's master URL).
 - :mod:`~roomstream.pipelines.cluster`: a loopback Spark standalone cluster (tests, demos).
 
-Importing this package imports PySpark; nothing here starts a JVM until called.
+Importing a name from this package imports its module (and PySpark); nothing here starts
+a JVM until called.
 """
 
-from roomstream.pipelines.session import spark_session
-from roomstream.pipelines.sinks import DatabaseSink, forget_sink, start_parquet_stream
-from roomstream.pipelines.source import SOURCE_NAME, RoomstreamDataSource, register
-from roomstream.pipelines.views import (
-    ContentLookup,
-    EventJsonContentLookup,
-    MappingContentLookup,
-    ViewSnapshot,
-    ViewsSink,
-    read_snapshot,
-    rebuild_views,
-    rebuild_views_cli,
-    run_views,
-    start_views_query,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Names resolve on first use (PEP 562): Spark's Python workers import
+# ``roomstream.pipelines.source`` in a fresh interpreter that Spark allows a fixed 10 s to
+# connect back, so the package must not drag in the sinks, views and session modules.
+_HOMES = {
+    "spark_session": "session",
+    "DatabaseSink": "sinks",
+    "forget_sink": "sinks",
+    "start_parquet_stream": "sinks",
+    "SOURCE_NAME": "source",
+    "RoomstreamDataSource": "source",
+    "register": "source",
+    "ContentLookup": "views",
+    "EventJsonContentLookup": "views",
+    "MappingContentLookup": "views",
+    "ViewSnapshot": "views",
+    "ViewsSink": "views",
+    "read_snapshot": "views",
+    "rebuild_views": "views",
+    "rebuild_views_cli": "views",
+    "run_views": "views",
+    "start_views_query": "views",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "SOURCE_NAME",
