@@ -36,7 +36,7 @@ from roomstream.reading import (
 )
 from roomstream.sliding.connections import ConnectionStore, RoomSent, Snapshot
 from roomstream.sliding.request import RoomConfig, RoomFilters, SlidingRequest, parse_request
-from roomstream.sliding.store import RoomEntry, SlidingStore, StateRow
+from roomstream.sliding.store import BUMP_EVENT_TYPES, RoomEntry, SlidingStore, StateRow
 
 __all__ = ["SlidingSyncHandler", "sliding_sync_routes"]
 
@@ -281,7 +281,7 @@ class SlidingSyncHandler:
             fresh = (
                 sent is None
                 or sent.membership in ("invite", "knock")
-                or (not was_live and sent.fields.get("bump_stamp") != entry.activity)
+                or (not was_live and sent.activity != entry.activity)
             )
             if fresh:
                 plans.append(_Plan(entry, config, lists, True))
@@ -333,8 +333,25 @@ class SlidingSyncHandler:
             return await self.store.room_list(user_id)
         if not changed:
             return cached
+        # Only rooms with a new event of a bump type (or new events not all seen) can
+        # have a new bump_stamp: one index walk for those.
+        maybe_bumped = [
+            e.room_id
+            for e in cached
+            if e.room_id in changed
+            and e.membership == "join"
+            and (
+                changed[e.room_id].limited
+                or any(ev.get("type") in BUMP_EVENT_TYPES for ev in changed[e.room_id].events)
+            )
+        ]
+        bumps = await self.store.bump_stamps(maybe_bumped) if maybe_bumped else {}
         entries = [
-            replace(e, activity=max(e.activity, changed[e.room_id].latest_activity))
+            replace(
+                e,
+                activity=max(e.activity, changed[e.room_id].latest_activity),
+                bump=max(e.bump, bumps.get(e.room_id, 0)),
+            )
             if e.room_id in changed
             else e
             for e in cached
@@ -446,7 +463,7 @@ class SlidingSyncHandler:
             room_id = entry.room_id
             previous_fields = {} if plan.initial or sent is None else sent.fields
             room: dict[str, Any] = {}
-            fields: dict[str, Any] = {"bump_stamp": entry.activity, "membership": entry.membership}
+            fields: dict[str, Any] = {"bump_stamp": entry.bump, "membership": entry.membership}
             fields["is_dm"] = room_id in dms
             state_sent: dict[tuple[str, str], str | None] = (
                 {} if plan.initial or sent is None else dict(sent.state)
@@ -515,6 +532,7 @@ class SlidingSyncHandler:
                 state_sent,
                 fields,
                 plan.config.required_state,
+                entry.activity,
             )
         return out, sent_now
 
