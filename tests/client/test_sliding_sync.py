@@ -467,3 +467,49 @@ async def test_only_the_proposals_event_types_bump_a_room(homeserver: Homeserver
     assert entries[busy].bump == fourth["rooms"][busy]["bump_stamp"]
     assert entries[quiet].bump == third["rooms"][quiet]["bump_stamp"]
     assert entries[busy].activity == entries[busy].bump > entries[quiet].activity
+
+
+async def test_a_knocked_room_comes_with_its_stripped_state(homeserver: Homeserver) -> None:
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    room_id = await room_with(hs, bob)
+    await send(hs, bob, room_id, "members only")
+    await hs.ok("PUT", f"/rooms/{room_id}/state/m.room.name/", {"name": "club"}, token=bob.token)
+    # Knocking needs the knock join rule (the auth rules: 403 otherwise), a known room.
+    status, error = await hs.call("POST", f"/knock/{room_id}", {}, token=alice.token)
+    assert (status, error["errcode"]) == (403, "M_FORBIDDEN")
+    status, error = await hs.call("POST", "/knock/!nowhere:test", {}, token=alice.token)
+    assert (status, error["errcode"]) == (404, "M_NOT_FOUND")
+    rules = {"join_rule": "knock"}
+    await hs.ok("PUT", f"/rooms/{room_id}/state/m.room.join_rules/", rules, token=bob.token)
+    knocked = await hs.ok("POST", f"/knock/{room_id}", {"reason": "hi"}, token=alice.token)
+    assert knocked == {"room_id": room_id}
+
+    first = await sliding(hs, alice, {"lists": room_list([0, 9])})
+    assert first["lists"]["all"]["count"] == 1
+    room = first["rooms"][room_id]
+    assert room["membership"] == "knock" and room["initial"] is True
+    assert "timeline" not in room and "required_state" not in room
+    stripped = {(e["type"], e["state_key"]): e for e in room["stripped_state"]}
+    assert stripped[("m.room.name", "")]["content"] == {"name": "club"}
+    assert stripped[("m.room.join_rules", "")]["content"] == rules
+    own = stripped[("m.room.member", alice.user_id)]
+    assert own["content"] == {"membership": "knock", "reason": "hi"}
+    # Nothing of the room's history or members leaks to the knocker.
+    assert set(stripped) <= {
+        ("m.room.create", ""), ("m.room.name", ""), ("m.room.join_rules", ""),
+        ("m.room.avatar", ""), ("m.room.topic", ""), ("m.room.canonical_alias", ""),
+        ("m.room.encryption", ""), ("m.room.member", alice.user_id),
+    }  # fmt: skip
+    # Knocking again while knocking is allowed by the auth rules; once invited it is not.
+    await hs.ok("POST", f"/rooms/{room_id}/invite", {"user_id": alice.user_id}, token=bob.token)
+    status, error = await hs.call("POST", f"/knock/{room_id}", {}, token=alice.token)
+    assert (status, error["errcode"]) == (403, "M_FORBIDDEN")
+    second = await sliding(hs, alice, {"lists": room_list([0, 9])}, first["pos"])
+    assert second["rooms"][room_id]["membership"] == "invite"
+    await hs.ok("POST", f"/rooms/{room_id}/join", {}, token=alice.token)
+    third = await sliding(hs, alice, {"lists": room_list([0, 9])}, second["pos"])
+    joined = third["rooms"][room_id]
+    assert joined["membership"] == "join" and joined["initial"] is True
+    assert bodies(joined["timeline"]) in ([], ["members only"])

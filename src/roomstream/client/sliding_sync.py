@@ -426,7 +426,7 @@ class SlidingSyncHandler:
     ) -> tuple[dict[str, Any], dict[str, RoomSent]]:
         out: dict[str, Any] = {}
         sent_now: dict[str, RoomSent] = {}
-        invites = [p for p in plans if p.entry.membership == "invite"]
+        invites = [p for p in plans if p.entry.membership in ("invite", "knock")]
         stripped = await self._invite_states(user_id, invites)
         joined = [p for p in plans if p.entry.membership == "join"]
         states = await self.store.current_state([p.entry.room_id for p in joined])
@@ -560,19 +560,24 @@ class SlidingSyncHandler:
     async def _invite_states(
         self, user_id: str, invites: list[_Plan]
     ) -> dict[str, list[dict[str, Any]]]:
-        """The read path's invite view (the invite and the room's descriptive state)."""
+        """The read path's invite (and knock) view: the user's membership event and the
+        room's descriptive state."""
         if not invites:
             return {}
         wanted = {p.entry.room_id for p in invites}
         total = sum(1 for _ in wanted)
         page = await self.reader.latest_rooms(
-            user_id, room_limit=total + 50, event_limit=1, memberships=("invite",)
+            user_id, room_limit=total + 50, event_limit=1, memberships=("invite", "knock")
         )
         found = {t.room_id: t.state for t in page.rooms if t.room_id in wanted}
         cursor = page.next_cursor
         while cursor is not None and len(found) < len(wanted):
             page = await self.reader.latest_rooms(
-                user_id, room_limit=500, event_limit=1, memberships=("invite",), cursor=cursor
+                user_id,
+                room_limit=500,
+                event_limit=1,
+                memberships=("invite", "knock"),
+                cursor=cursor,
             )
             found.update({t.room_id: t.state for t in page.rooms if t.room_id in wanted})
             cursor = page.next_cursor

@@ -589,8 +589,9 @@ class RoomReader:
         """The user's rooms ordered by their latest activity the user may see (newest
         first, after ``cursor``), at most ``room_limit``, each with its latest
         ``event_limit`` visible events and its current state (or the state at the start
-        of the returned timeline, or none). Invited rooms get no timeline and, as state,
-        the invite event and the room's descriptive state (name, topic, join rules...).
+        of the returned timeline, or none). Invited (and knocked) rooms get no timeline
+        and, as state, the user's invite (or knock) event and the room's descriptive
+        state (name, topic, join rules...).
         """
         _check_limit(event_limit)
         if room_limit < 1:
@@ -688,14 +689,15 @@ class RoomReader:
         more = len(ordered) > room_limit
         ordered = [(room, membership, event, activity) for activity, room, membership, event
                    in ordered[:room_limit]]  # fmt: skip
-        readable = [r[0] for r in ordered if r[1] != "invite"]
+        # Invited and knocking users see no timeline, only the stripped state.
+        readable = [r[0] for r in ordered if r[1] not in ("invite", "knock")]
         views, _ = _load_views_txn(txn, readable, user_id)
         latest = _latest_rows_txn(txn, readable, event_limit + 1)
         currents, flags = _current_state_ids_txn(txn, readable) if state == "current" else ({}, {})
         picked: list[tuple[str, str, int, list[_Row], bool, list[str]]] = []
         for room_id, membership, member_event, activity in ordered:
             state_ids: list[str] = []
-            if membership == "invite":
+            if membership in ("invite", "knock"):
                 current = _current_state_txn(txn, room_id)
                 state_ids = [v for k, v in sorted(current.items()) if k[0] in INVITE_STATE_TYPES]
                 state_ids.append(member_event)
