@@ -13,6 +13,7 @@ joined to. Long polls wait on the :class:`~roomstream.client.notifier.Notifier`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -105,6 +106,8 @@ class SlidingSyncHandler:
         #: user -> (events token, their room list at it), least recently used first.
         self._lists: OrderedDict[str, tuple[EventsToken, list[RoomEntry]]] = OrderedDict()
         self.max_cached_lists = max_cached_lists
+        #: user -> (account data position, rooms of their m.direct), as ``_lists``.
+        self._direct: OrderedDict[str, tuple[int, set[str]]] = OrderedDict()
 
     async def sync(self, requester: Requester, request: SlidingRequest) -> dict[str, Any]:
         """The response; with a ``pos`` and nothing new, waits (up to the timeout) until
@@ -144,6 +147,21 @@ class SlidingSyncHandler:
             joined = now_joined
         built.body["pos"] = self.connections.commit(key, connection, built.snapshot)
         return built.body
+
+    async def _direct_rooms(self, user_id: str, position: int) -> set[str]:
+        """The rooms of the user's ``m.direct``, read again only when the account data
+        stream has moved since the last read (``position`` was taken before this read,
+        so a cached set is never older than the position it is kept under)."""
+        cached = self._direct.get(user_id)
+        if cached is not None and cached[0] == position:
+            self._direct.move_to_end(user_id)
+            return cached[1]
+        rooms = _dm_rooms(await self.userdata.get_account_data(user_id, None, "m.direct"))
+        self._direct[user_id] = (position, rooms)
+        self._direct.move_to_end(user_id)
+        if len(self._direct) > self.max_cached_lists:
+            self._direct.popitem(last=False)
+        return rooms
 
     # -- the room list -------------------------------------------------------------------
 
@@ -240,8 +258,7 @@ class SlidingSyncHandler:
             self._lists.popitem(last=False)
         entries = [e for e in all_entries if self._listed(e, user_id, previous)]
         by_id = {e.room_id: e for e in all_entries}
-        direct = await self.userdata.get_account_data(user_id, None, "m.direct")
-        dms = _dm_rooms(direct)
+        dms = await self._direct_rooms(user_id, positions["account_data"])
 
         # Which rooms, with which config.
         configs: dict[str, RoomConfig] = {}
@@ -297,8 +314,14 @@ class SlidingSyncHandler:
             ):
                 plans.append(_Plan(entry, config, lists, False, expanded, sent=sent))
 
-        await self._timelines(user_id, device_id, plans, changed)
-        rooms_out, new_sent = await self._rooms(user_id, plans, dms)
+        # The timelines and the joined rooms' current state are independent reads: in
+        # flight together (two pool connections), a response waits for the longer only.
+        joined_ids = [p.entry.room_id for p in plans if p.entry.membership == "join"]
+        states, _ = await asyncio.gather(
+            self.store.current_state(joined_ids),
+            self._timelines(user_id, device_id, plans, changed),
+        )
+        rooms_out, new_sent = await self._rooms(user_id, plans, dms, states)
 
         window = set(configs)
         extensions = await self._extensions(
@@ -381,31 +404,23 @@ class SlidingSyncHandler:
                 plan.timeline = await self._trimmed(
                     user_id, changed[room_id], plan.config.timeline_limit
                 )
-        # One seek per room: the read path's page from the room's end (latest_rooms
-        # would order every room of the user first, a cost that follows their number).
+        # The read path's page from each room's end, for all of them in one transaction
+        # (one per distinct limit); `latest_rooms` would order every room of the user
+        # first, a cost that follows their number.
+        by_limit: dict[int, list[_Plan]] = {}
         for plan in reload:
-            plan.timeline = await self._paginated(user_id, device_id, plan)
-            new = changed.get(plan.entry.room_id)
-            if new is not None and plan.timeline is not None:
-                live = {e["event_id"] for e in new.events}
-                plan.timeline.num_live = sum(
-                    1 for e in plan.timeline.events if e["event_id"] in live
-                )
-
-    async def _paginated(self, user_id: str, device_id: str | None, plan: _Plan) -> _Timeline:
-        room_id = plan.entry.room_id
-        chunk = await self.reader.paginate(
-            user_id, room_id, None, direction="b", limit=plan.config.timeline_limit,
-            device_id=device_id,
-        )  # fmt: skip
-        events = list(reversed(chunk.events))
-        if chunk.end is not None:
-            prev: str = chunk.end.to_string()
-        elif events:
-            prev = (await self.reader.position_of_event(room_id, events[0]["event_id"])).to_string()
-        else:
-            prev = chunk.start.to_string()
-        return _Timeline(events, chunk.end is not None, prev)
+            by_limit.setdefault(plan.config.timeline_limit, []).append(plan)
+        for limit, group in by_limit.items():
+            pages = await self.reader.latest_pages(
+                user_id, [p.entry.room_id for p in group], limit=limit, device_id=device_id
+            )
+            for plan in group:
+                page = pages[plan.entry.room_id]
+                plan.timeline = _Timeline(page.events, page.limited, page.prev_batch.to_string())
+                new = changed.get(plan.entry.room_id)
+                if new is not None:
+                    live = {e["event_id"] for e in new.events}
+                    plan.timeline.num_live = sum(1 for e in page.events if e["event_id"] in live)
 
     async def _trimmed(self, user_id: str, timeline: RoomTimeline, limit: int) -> _Timeline:
         events = timeline.events
@@ -422,14 +437,18 @@ class SlidingSyncHandler:
     # -- rooms ---------------------------------------------------------------------------
 
     async def _rooms(
-        self, user_id: str, plans: list[_Plan], dms: set[str]
+        self,
+        user_id: str,
+        plans: list[_Plan],
+        dms: set[str],
+        states: dict[str, list[StateRow]],
     ) -> tuple[dict[str, Any], dict[str, RoomSent]]:
+        """The response's rooms; ``states``: the current state rows of the joined ones."""
         out: dict[str, Any] = {}
         sent_now: dict[str, RoomSent] = {}
         invites = [p for p in plans if p.entry.membership in ("invite", "knock")]
         stripped = await self._invite_states(user_id, invites)
         joined = [p for p in plans if p.entry.membership == "join"]
-        states = await self.store.current_state([p.entry.room_id for p in joined])
         # Which state events to load: required state, and the heroes' member events.
         picks: dict[str, dict[tuple[str, str], str]] = {}
         heroes_of: dict[str, list[StateRow]] = {}

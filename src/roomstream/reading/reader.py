@@ -34,6 +34,7 @@ from roomstream.reading.results import (
     EventContext,
     LatestRoomsPage,
     PaginationChunk,
+    RoomPage,
     RoomsCursor,
     RoomTimeline,
     SyncResult,
@@ -761,6 +762,56 @@ class RoomReader:
             else RoomPosition(*(MAX_POSITION if backwards else MIN_POSITION))
         )
         return PaginationChunk(events, start, end)
+
+    async def latest_pages(
+        self,
+        user_id: str,
+        room_ids: Sequence[str],
+        *,
+        limit: int,
+        device_id: str | None = None,
+    ) -> dict[str, RoomPage]:
+        """Each room's latest ``limit`` events the user may see: the events of
+        ``paginate(user_id, room, None, direction="b", limit=limit)``, for many rooms in
+        one transaction (the views in one statement, then an index seek per room), so
+        a page of rooms costs a few round trips, not a few per room."""
+        _check_limit(limit)
+        if not room_ids:
+            return {}
+        rows_by_room, loaded = await self.db.run_interaction(
+            self._latest_pages_txn, user_id, list(dict.fromkeys(room_ids)), limit, device_id
+        )
+        self._complete(loaded)
+        now = self._now()
+        pages: dict[str, RoomPage] = {}
+        for room_id, rows in rows_by_room.items():
+            limited = len(rows) > limit
+            kept = list(reversed(rows[:limit]))
+            prev = RoomPosition.of_event(*kept[0].position) if kept else RoomPosition(*MAX_POSITION)
+            pages[room_id] = RoomPage(room_id, self._format_rows(kept, loaded, now), limited, prev)
+        return pages
+
+    def _latest_pages_txn(
+        self, txn: Transaction, user_id: str, room_ids: list[str], limit: int, device_id: str | None
+    ) -> tuple[dict[str, list[_Row]], _Loaded]:
+        views, _ = _load_views_txn(txn, room_ids, user_id)
+        latest = _latest_rows_txn(txn, room_ids, limit + 1)
+        rows_by_room = {
+            room_id: _page_txn(
+                txn,
+                room_id,
+                views[room_id],
+                MIN_POSITION,
+                MAX_POSITION,
+                True,
+                limit + 1,
+                latest[room_id],
+            )
+            for room_id in room_ids
+        }
+        kept = [r for rows in rows_by_room.values() for r in rows[:limit]]
+        loaded = self._load_txn(txn, kept, (), user_id, device_id)
+        return rows_by_room, loaded
 
     def _paginate_txn(
         self,
