@@ -14,6 +14,8 @@ joined to. Long polls wait on the :class:`~roomstream.client.notifier.Notifier`.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -78,6 +80,51 @@ class _Built:
     window: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class _Derived:
+    """A room list's derived views: the rooms every connection lists (``listed``, in
+    order; rooms the user left themselves are decided per connection, ``self_left``
+    says whether there are any), by ID, and the joined ones."""
+
+    entries: list[RoomEntry]
+    listed: list[RoomEntry]
+    self_left: bool
+    by_id: dict[str, RoomEntry]
+    joined: set[str]
+    listed_ids: set[str]
+
+
+def _neg_activity(entry: RoomEntry) -> int:
+    return -entry.activity
+
+
+def _moved(
+    entries: list[RoomEntry], before: Sequence[RoomEntry], after: Sequence[RoomEntry]
+) -> list[RoomEntry]:
+    """``entries`` (newest first: activity, then room ID, descending) with each entry of
+    ``before`` (which it holds) replaced by the same position of ``after``, in order."""
+    result = list(entries)
+    for old in before:
+        key = -old.activity
+        low = bisect.bisect_left(result, key, key=_neg_activity)
+        high = bisect.bisect_right(result, key, low, key=_neg_activity)
+        index = next((i for i in range(low, high) if result[i] is old), None)
+        if index is None:  # not where its order says: rebuild (never expected)
+            gone = {e.room_id for e in before}
+            rebuilt = [*after, *(e for e in entries if e.room_id not in gone)]
+            rebuilt.sort(key=_RECENCY, reverse=True)
+            return rebuilt
+        del result[index]
+    for new in after:
+        key = -new.activity
+        low = bisect.bisect_left(result, key, key=_neg_activity)
+        high = bisect.bisect_right(result, key, low, key=_neg_activity)
+        # Among equal activity, room IDs descend.
+        index = next((i for i in range(low, high) if result[i].room_id < new.room_id), high)
+        result.insert(index, new)
+    return result
+
+
 def _dm_rooms(direct: dict[str, Any] | None) -> set[str]:
     rooms: set[str] = set()
     for value in (direct or {}).values():
@@ -106,6 +153,8 @@ class SlidingSyncHandler:
         #: user -> (events token, their room list at it), least recently used first.
         self._lists: OrderedDict[str, tuple[EventsToken, list[RoomEntry]]] = OrderedDict()
         self.max_cached_lists = max_cached_lists
+        #: id(room list) -> what responses derive from it (the list is kept inside).
+        self._derived_cache: OrderedDict[int, _Derived] = OrderedDict()
         #: user -> (account data position, rooms of their m.direct), as ``_lists``.
         self._direct: OrderedDict[str, tuple[int, set[str]]] = OrderedDict()
 
@@ -118,35 +167,60 @@ class SlidingSyncHandler:
         else:
             connection, previous = self.connections.resume(key, request.pos)
         user_id = requester.user_id
+        if previous is None:
+            # A connection's first response never waits: nothing to listen for.
+            built = await self._build(requester, request, None)
+            built.body["pos"] = self.connections.commit(key, connection, built.snapshot)
+            return built.body
         # Wake on the user's rooms as last known (a membership change since then wakes
         # through the user's own key, and the list read below then sees it).
-        known = previous.entries if previous is not None else None
-        if known is None and user_id in self._lists:
-            known = self._lists[user_id][1]
-        joined: set[str] = (
-            {e.room_id for e in known if e.membership == "join"}
-            if known is not None
-            else set(await self.reader.store.get_rooms_for_user(user_id))
-        )
+        joined = self._derived(previous.entries, user_id).joined
         deadline = time.monotonic() + request.timeout_ms / 1000
         while True:
             with self.notifier.listen(user_id, joined) as waiter:
                 while True:
                     built = await self._build(requester, request, previous)
                     remaining = deadline - time.monotonic()
-                    if not built.empty or previous is None or remaining <= 0:
+                    if not built.empty or remaining <= 0:
                         break
-                    now_joined = {
-                        e.room_id for e in built.snapshot.entries if e.membership == "join"
-                    }
+                    now_joined = self._derived(built.snapshot.entries, user_id).joined
                     if not now_joined <= joined:
                         break  # listen again, on the rooms joined since
                     await waiter.wait(remaining)
-            if not built.empty or previous is None or remaining <= 0:
+            if not built.empty or remaining <= 0:
                 break
             joined = now_joined
         built.body["pos"] = self.connections.commit(key, connection, built.snapshot)
         return built.body
+
+    def _derived(self, entries: list[RoomEntry], user_id: str) -> _Derived:
+        """What every response needs from a room list, computed once per list (lists
+        are immutable once built; the last few are kept by identity)."""
+        found = self._derived_cache.get(id(entries))
+        if found is not None and found.entries is entries:
+            return found
+        listed: list[RoomEntry] = []
+        self_left = False
+        for e in entries:
+            if e.membership == "leave" and e.member_sender == user_id:
+                self_left = True
+            elif e.membership in LISTED or e.membership == "leave":
+                listed.append(e)
+        derived = _Derived(
+            entries,
+            listed,
+            self_left,
+            {e.room_id: e for e in entries},
+            {e.room_id for e in entries if e.membership == "join"},
+            {e.room_id for e in listed},
+        )
+        self._remember(derived)
+        return derived
+
+    def _remember(self, derived: _Derived) -> None:
+        self._derived_cache[id(derived.entries)] = derived
+        while len(self._derived_cache) > 256:
+            self._derived_cache.popitem(last=False)
 
     async def _direct_rooms(self, user_id: str, position: int) -> set[str]:
         """The rooms of the user's ``m.direct``, read again only when the account data
@@ -256,8 +330,13 @@ class SlidingSyncHandler:
         self._lists.move_to_end(user_id)
         if len(self._lists) > self.max_cached_lists:
             self._lists.popitem(last=False)
-        entries = [e for e in all_entries if self._listed(e, user_id, previous)]
-        by_id = {e.room_id: e for e in all_entries}
+        derived = self._derived(all_entries, user_id)
+        by_id = derived.by_id
+        entries = derived.listed
+        if derived.self_left and previous is not None:
+            # Rooms the user left themselves stay listed until the leave was sent on
+            # this connection: only then is the list this connection's own.
+            entries = [e for e in all_entries if self._listed(e, user_id, previous)]
         dms = await self._direct_rooms(user_id, positions["account_data"])
 
         # Which rooms, with which config.
@@ -356,30 +435,49 @@ class SlidingSyncHandler:
             return await self.store.room_list(user_id)
         if not changed:
             return cached
+        derived = self._derived(cached, user_id)
+        before = [e for room_id in changed if (e := derived.by_id.get(room_id)) is not None]
+        if not before:
+            return cached
         # Only rooms with a new event of a bump type (or new events not all seen) can
         # have a new bump_stamp: one index walk for those.
         maybe_bumped = [
             e.room_id
-            for e in cached
-            if e.room_id in changed
-            and e.membership == "join"
+            for e in before
+            if e.membership == "join"
             and (
                 changed[e.room_id].limited
                 or any(ev.get("type") in BUMP_EVENT_TYPES for ev in changed[e.room_id].events)
             )
         ]
         bumps = await self.store.bump_stamps(maybe_bumped) if maybe_bumped else {}
-        entries = [
+        after = [
             replace(
                 e,
                 activity=max(e.activity, changed[e.room_id].latest_activity),
                 bump=max(e.bump, bumps.get(e.room_id, 0)),
             )
-            if e.room_id in changed
-            else e
-            for e in cached
+            for e in before
         ]
-        entries.sort(key=lambda e: (e.activity, e.room_id), reverse=True)
+        # Move the changed rooms in place (C-level copies and binary searches: a wake
+        # costs the rooms that changed, not the rooms the user is in), and carry the
+        # derived views over the same way (memberships did not change).
+        entries = _moved(cached, before, after)
+        moved_listed = [
+            (b, a) for b, a in zip(before, after, strict=True) if b.room_id in derived.listed_ids
+        ]
+        by_id = dict(derived.by_id)
+        by_id.update((e.room_id, e) for e in after)
+        self._remember(
+            _Derived(
+                entries,
+                _moved(derived.listed, [b for b, _ in moved_listed], [a for _, a in moved_listed]),
+                derived.self_left,
+                by_id,
+                derived.joined,
+                derived.listed_ids,
+            )
+        )
         return entries
 
     # -- timelines -----------------------------------------------------------------------
@@ -681,6 +779,7 @@ class SlidingSyncHandler:
 
 
 _MISSING = object()
+_RECENCY = operator.attrgetter("activity", "room_id")
 
 
 def _typed(by_type: dict[str, Any]) -> list[dict[str, Any]]:

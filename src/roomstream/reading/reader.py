@@ -486,11 +486,18 @@ class RoomReader:
             )
             return SyncResult(upto, {r.room_id: r for r in page.rooms}, [])
         floor = since.minimum
-        candidates = sorted(
-            r
-            for r, m in rooms.items()
-            if m == "join" and self._room_changes.has_entity_changed(r, floor)
-        )
+        # The rooms changed since the floor, from the change cache when it knows them
+        # and they are fewer than the user's rooms (a wake then costs what changed, not
+        # the number of rooms the user is in).
+        changed = self._room_changes.get_all_entities_changed(floor)
+        if changed is not None and len(changed) < len(rooms):
+            candidates = sorted({r for r in changed if rooms.get(r) == "join"})
+        else:
+            candidates = sorted(
+                r
+                for r, m in rooms.items()
+                if m == "join" and self._room_changes.has_entity_changed(r, floor)
+            )
         members_changed = self._member_changes.has_entity_changed(user_id, floor)
         if not candidates and not members_changed:
             return SyncResult(upto.advance(since), {}, [])
