@@ -56,6 +56,7 @@ from roomstream.client import build_client_api
 from roomstream.config import Config
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
+from roomstream.sliding.store import SlidingStore
 from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
 
@@ -202,16 +203,26 @@ def v2_repeats_for(rooms: int) -> int:
 
 
 async def run_roomstream(
-    engine_name: str, rooms: int, repeats: int, work: Path, concurrency: int
+    engine_name: str,
+    rooms: int,
+    repeats: int,
+    work: Path,
+    concurrency: int,
+    keep: str | None = None,
 ) -> dict[str, Any]:
+    """``keep``: a SQLite file (or a PostgreSQL schema) kept after the run and, when it
+    already holds the user's rooms, reused without seeding (seeding 10,000 rooms takes
+    minutes on a loaded machine; the measurements need not wait for it)."""
+    schema = ""
     if engine_name == "sqlite":
-        database = DatabaseConfig(engine="sqlite", path=str(work / f"bench{rooms}.db"))
+        path = Path(keep) if keep else work / f"bench{rooms}.db"
+        database = DatabaseConfig(engine="sqlite", path=str(path))
         dsn = None
     else:
-        schema = f"bench_sliding_{rooms}_{int(time.time())}"
+        schema = keep or f"bench_sliding_{rooms}_{int(time.time())}"
         dsn = common.PG_ADMIN_DSN
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA {schema}")
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         database = DatabaseConfig(engine="postgres", dsn=dsn, schema=schema)
     config = Config(server_name=SERVER, data_dir=str(work / f"data{rooms}"), database=database)
     engine = await RoomEngine.open(config)
@@ -222,17 +233,28 @@ async def run_roomstream(
     await server.start_server()
     session = aiohttp.ClientSession()
     http = HTTP(str(server.make_url("")).rstrip("/"), session)
+    credentials = {"username": "alice", "password": "bench-password"}
     try:
-        reg = await http.call(
-            "POST",
-            "/_matrix/client/v3/register",
-            {"username": "alice", "password": "bench-password", "auth": {"type": "m.login.dummy"}},
-        )
-        http.token = reg["access_token"]
-        user_id = reg["user_id"]
-        started = time.perf_counter()
-        room_ids = await seed(engine, user_id, rooms, concurrency)
-        seeded = time.perf_counter() - started
+        user_id = f"@alice:{SERVER}"
+        existing = await SlidingStore(engine.db).room_list(user_id) if keep else []
+        if existing:
+            login = {"type": "m.login.password", "user": "alice", "password": "bench-password"}
+            reg = await http.call("POST", "/_matrix/client/v3/login", login)
+            http.token = reg["access_token"]
+            assert len(existing) == rooms, (len(existing), rooms)
+            room_ids = [e.room_id for e in reversed(existing)]
+            seeded = None
+        else:
+            reg = await http.call(
+                "POST",
+                "/_matrix/client/v3/register",
+                {**credentials, "auth": {"type": "m.login.dummy"}},
+            )
+            http.token = reg["access_token"]
+            user_id = reg["user_id"]
+            started = time.perf_counter()
+            room_ids = await seed(engine, user_id, rooms, concurrency)
+            seeded = round(time.perf_counter() - started, 1)
         await common.settle_database(engine.db, dsn)
 
         async def send(room_id: str, text: str) -> None:
@@ -242,7 +264,8 @@ async def run_roomstream(
 
         load_before = load_average()
         result = await measure(http, send, room_ids, repeats, v2_repeats_for(rooms))
-        result["seed_seconds"] = round(seeded, 1)
+        result["seed_seconds"] = seeded  # None: a kept database was reused
+        result["seed_concurrency"] = concurrency
         result["load_before"] = load_before
         result["load_after"] = load_average()
         return result
@@ -251,14 +274,27 @@ async def run_roomstream(
         await server.close()
         process.close()
         await engine.close()
-        if engine_name == "postgres":
+        if engine_name == "postgres" and not keep:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
+def wait_for_file(path: Path) -> None:
+    """Block until ``path`` exists (an operator's go signal, polled each second)."""
+    while not path.exists():
+        time.sleep(1)
+
+
 async def run_synapse(
-    engine_name: str, rooms: int, repeats: int, work: Path, concurrency: int
+    engine_name: str,
+    rooms: int,
+    repeats: int,
+    work: Path,
+    concurrency: int,
+    wait_for: str | None = None,
 ) -> dict[str, Any]:
+    """``wait_for``: after seeding, wait until this file exists before measuring (seed
+    early, measure when the machine is quieter)."""
     import bench_client_api as peer
 
     async with peer.synapse(engine_name, work) as server, aiohttp.ClientSession() as session:
@@ -278,6 +314,9 @@ async def run_synapse(
         await peer.bounded(concurrency, [one(i) for i in range(rooms)])
         seeded = time.perf_counter() - started
         print(f"  (synapse: {rooms} rooms created in {seeded:.0f} s)", flush=True)
+        if wait_for:
+            print(f"  (waiting for {wait_for})", flush=True)
+            await asyncio.to_thread(wait_for_file, Path(wait_for))
 
         async def send(room_id: str, text: str) -> None:
             await client.send(user, room_id, text)
@@ -302,9 +341,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for rooms in sizes:
         with tempfile.TemporaryDirectory(prefix="bench-sliding-") as tmp:
             if args.server == "roomstream":
-                out = await run_roomstream(args.engine, rooms, repeats, Path(tmp), args.seed_c)
+                keep = args.keep.replace("{rooms}", str(rooms)) if args.keep else None
+                out = await run_roomstream(
+                    args.engine, rooms, repeats, Path(tmp), args.seed_c, keep
+                )
             else:
-                out = await run_synapse(args.engine, rooms, repeats, Path(tmp), 16)
+                out = await run_synapse(args.engine, rooms, repeats, Path(tmp), 16, args.wait_for)
         print(orjson.dumps(out).decode(), flush=True)
         results["sizes"].append(out)
     return results
@@ -320,8 +362,24 @@ def main() -> None:
     parser.add_argument(
         "--seed-c", type=int, default=64, help="rooms created at once (roomstream seeding)"
     )
+    parser.add_argument(
+        "--keep",
+        help="roomstream: keep the seeded database, a SQLite path or PostgreSQL schema"
+        " ('{rooms}' is replaced by the size), and reuse it when it is there",
+    )
+    parser.add_argument("--wait-for", help="synapse: measure once this file exists")
+    parser.add_argument("--seed-only", action="store_true", help="with --keep: seed, no figures")
     args = parser.parse_args()
+    if args.seed_only:
+        global measure
+
+        async def no_figures(*_: Any) -> dict[str, Any]:
+            return {}
+
+        measure = no_figures  # type: ignore[assignment]
     results = asyncio.run(run(args))
+    if args.seed_only:
+        return
     name = "sliding_sync" if args.engine == "sqlite" else f"sliding_sync_{args.engine}"
     if args.server == "synapse":
         name = f"sliding_sync_synapse_{args.engine}"
