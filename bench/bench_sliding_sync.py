@@ -383,7 +383,10 @@ def main() -> None:
     name = "sliding_sync" if args.engine == "sqlite" else f"sliding_sync_{args.engine}"
     if args.server == "synapse":
         name = f"sliding_sync_synapse_{args.engine}"
-    if args.sizes:
+    defaults = (SIZES if args.server == "roomstream" else SYNAPSE_SIZES)[
+        "quick" if args.quick else "full"
+    ]
+    if args.sizes and [int(x) for x in args.sizes.split(",")] != defaults:
         name += "_" + args.sizes.replace(",", "_")
     path = common.write_results(name, results, args.quick)
     rows = [
