@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from roomstream.sliding.store import SlidingStore
 from tests.client.conftest import Homeserver, User
 from tests.client.test_sync import bodies, room_with, send
 
@@ -413,3 +414,102 @@ async def test_a_room_back_in_the_window_after_activity_is_sent_whole(
     fourth = await sliding(hs, alice, narrow, third["pos"])
     assert bodies(fourth["rooms"][older]["timeline"]) == ["old 3"]
     assert "initial" not in fourth["rooms"][older]
+
+
+async def test_only_the_proposals_event_types_bump_a_room(homeserver: Homeserver) -> None:
+    """bump_stamp follows MSC4186's list of "proper" activity (a reaction or a topic change
+    leaves it; a message moves it above the other rooms), while the server's list keeps
+    ordering by any event (the proposal: rooms are not ordered by bump_stamp), so the
+    room with the reaction is in range [0, 0] and its news reaches the client."""
+    hs = homeserver
+    alice = await hs.register("alice")
+    quiet = await room_with(hs, alice)
+    await send(hs, alice, quiet, "quiet 1")
+    busy = await room_with(hs, alice)
+    busy_message = await send(hs, alice, busy, "busy 1")
+    body = {"lists": room_list([0, 9], limit=5)}
+    first = await sliding(hs, alice, body)
+    stamps = {r: first["rooms"][r]["bump_stamp"] for r in (quiet, busy)}
+    assert stamps[busy] > stamps[quiet]
+
+    reaction = {"m.relates_to": {"rel_type": "m.annotation", "event_id": busy_message, "key": "+"}}
+    await hs.ok("PUT", f"/rooms/{quiet}/send/m.reaction/{hs.txn()}", reaction, token=alice.token)
+    await hs.ok("PUT", f"/rooms/{quiet}/state/m.room.topic/", {"topic": "t"}, token=alice.token)
+    second = await sliding(hs, alice, body, first["pos"])
+    delta = second["rooms"][quiet]
+    assert [e["type"] for e in delta["timeline"]] == ["m.reaction", "m.room.topic"]
+    assert "bump_stamp" not in delta  # unchanged: still below the busy room's
+    # A new connection sees the same stamps, and the reacted-to room first in the list.
+    fresh = await sliding(hs, alice, {"conn_id": "other", "lists": room_list([0, 0])})
+    assert list(fresh["rooms"]) == [quiet]
+    assert fresh["rooms"][quiet]["bump_stamp"] == stamps[quiet]
+    whole = await sliding(hs, alice, dict(body, conn_id="other"))
+    assert {r: whole["rooms"][r]["bump_stamp"] for r in (quiet, busy)} == stamps
+
+    # An encrypted event (a bump type) moves it above the busy room.
+    await hs.ok(
+        "PUT",
+        f"/rooms/{quiet}/send/m.room.encrypted/{hs.txn()}",
+        {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "x"},
+        token=alice.token,
+    )
+    third = await sliding(hs, alice, body, second["pos"])
+    assert third["rooms"][quiet]["bump_stamp"] > stamps[busy]
+    assert "bump_stamp" not in third["rooms"].get(busy, {})
+    again = await sliding(hs, alice, dict(body, conn_id="other"))
+    assert again["rooms"][quiet]["bump_stamp"] == third["rooms"][quiet]["bump_stamp"]
+    # A message in the busy room: above again.
+    await send(hs, alice, busy, "busy 2")
+    fourth = await sliding(hs, alice, body, third["pos"])
+    assert fourth["rooms"][busy]["bump_stamp"] > third["rooms"][quiet]["bump_stamp"]
+    # The whole-list read (a cold process) agrees with the stamps sent incrementally.
+    entries = {e.room_id: e for e in await SlidingStore(hs.engine.db).room_list(alice.user_id)}
+    assert entries[busy].bump == fourth["rooms"][busy]["bump_stamp"]
+    assert entries[quiet].bump == third["rooms"][quiet]["bump_stamp"]
+    assert entries[busy].activity == entries[busy].bump > entries[quiet].activity
+
+
+async def test_a_knocked_room_comes_with_its_stripped_state(homeserver: Homeserver) -> None:
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    room_id = await room_with(hs, bob)
+    await send(hs, bob, room_id, "members only")
+    await hs.ok("PUT", f"/rooms/{room_id}/state/m.room.name/", {"name": "club"}, token=bob.token)
+    # Knocking needs the knock join rule (the auth rules: 403 otherwise), a known room.
+    status, error = await hs.call("POST", f"/knock/{room_id}", {}, token=alice.token)
+    assert (status, error["errcode"]) == (403, "M_FORBIDDEN")
+    status, error = await hs.call("POST", "/knock/!nowhere:test", {}, token=alice.token)
+    assert (status, error["errcode"]) == (404, "M_NOT_FOUND")
+    rules = {"join_rule": "knock"}
+    await hs.ok("PUT", f"/rooms/{room_id}/state/m.room.join_rules/", rules, token=bob.token)
+    knocked = await hs.ok("POST", f"/knock/{room_id}", {"reason": "hi"}, token=alice.token)
+    assert knocked == {"room_id": room_id}
+
+    first = await sliding(hs, alice, {"lists": room_list([0, 9])})
+    assert first["lists"]["all"]["count"] == 1
+    room = first["rooms"][room_id]
+    assert room["membership"] == "knock" and room["initial"] is True
+    assert "timeline" not in room and "required_state" not in room
+    stripped = {(e["type"], e["state_key"]): e for e in room["stripped_state"]}
+    assert stripped[("m.room.name", "")]["content"] == {"name": "club"}
+    assert stripped[("m.room.join_rules", "")]["content"] == rules
+    own = stripped[("m.room.member", alice.user_id)]
+    assert own["content"] == {"membership": "knock", "reason": "hi"}
+    # Nothing of the room's history or members leaks to the knocker.
+    assert set(stripped) <= {
+        ("m.room.create", ""), ("m.room.name", ""), ("m.room.join_rules", ""),
+        ("m.room.avatar", ""), ("m.room.topic", ""), ("m.room.canonical_alias", ""),
+        ("m.room.encryption", ""), ("m.room.member", alice.user_id),
+    }  # fmt: skip
+    # Knocking again while knocking is allowed by the auth rules; once invited it is not.
+    await hs.ok("POST", f"/rooms/{room_id}/invite", {"user_id": alice.user_id}, token=bob.token)
+    status, error = await hs.call("POST", f"/knock/{room_id}", {}, token=alice.token)
+    assert (status, error["errcode"]) == (403, "M_FORBIDDEN")
+    second = await sliding(hs, alice, {"lists": room_list([0, 9])}, first["pos"])
+    assert second["rooms"][room_id]["membership"] == "invite"
+    await hs.ok("POST", f"/rooms/{room_id}/join", {}, token=alice.token)
+    third = await sliding(hs, alice, {"lists": room_list([0, 9])}, second["pos"])
+    joined = third["rooms"][room_id]
+    assert joined["membership"] == "join" and joined["initial"] is True
+    assert bodies(joined["timeline"]) in ([], ["members only"])

@@ -71,6 +71,13 @@ async def check_room(engine: RoomEngine, reader: RoomReader, played: PlayedRoom)
                 break
             token = chunk.end
         assert seen == ids, f"forward pagination for {user}"
+        # The latest events (sliding sync's read), and back pagination from its prev_batch.
+        for limit in (1, 3):
+            page = (await reader.latest_pages(user, [room_id], limit=limit))[room_id]
+            assert [e["event_id"] for e in page.events] == ids[-limit:], f"latest for {user}"
+            assert page.limited == (len(ids) > limit)
+            older = await reader.paginate(user, room_id, page.prev_batch, limit=1000)
+            assert [e["event_id"] for e in older.events] == list(reversed(ids[:-limit]))
 
         # Sync from each token.
         membership_id = current.get(("m.room.member", user))

@@ -108,12 +108,20 @@ class Notifier:
         try:
             yield waiter
         finally:
-            for key in waiter.keys:
-                waiters = self._waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(waiter)
-                    if not waiters:
-                        del self._waiters[key]
+            # Unregistering costs a step per room of the user: done once the caller's
+            # response is on its way (a wake of the finished waiter meanwhile is a no-op).
+            try:
+                asyncio.get_running_loop().call_soon(self._forget, waiter)
+            except RuntimeError:  # no loop (closing): at once
+                self._forget(waiter)
+
+    def _forget(self, waiter: Waiter) -> None:
+        for key in waiter.keys:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[key]
 
     def wake_keys(self, keys: Iterable[str]) -> None:
         woken: set[Waiter] = set()

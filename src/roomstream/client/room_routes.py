@@ -42,6 +42,14 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         target = _path_value(request, "room")
         return json_response({"room_id": await rooms.join(requester, target)})
 
+    async def knock(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        room_id = await rooms.knock(
+            requester, _path_value(request, "room"), optional(body, "reason", str)
+        )
+        return json_response({"room_id": room_id})
+
     async def join_room(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         await read_json(request)
@@ -148,6 +156,7 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         Route("POST", "/createRoom", create_room),
         Route("POST", "/join/{room}", join_any),
         Route("POST", "/rooms/{room_id}/join", join_room),
+        Route("POST", "/knock/{room}", knock),
         Route("POST", "/rooms/{room_id}/leave", leave),
         Route("POST", "/rooms/{room_id}/forget", forget),
         Route("POST", "/rooms/{room_id}/{action:(?:invite|kick|ban|unban)}", membership),

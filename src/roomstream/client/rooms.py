@@ -272,6 +272,22 @@ class RoomService:
         await self.store.unforget(requester.user_id, room_id)
         return room_id
 
+    async def knock(self, requester: Requester, room_id_or_alias: str, reason: str | None) -> str:
+        """Ask to join a room whose join rule is ``knock`` (or ``knock_restricted``); the
+        auth rules refuse (403) other join rules and users already invited, joined or
+        banned. Rooms this server knows only: knocking over federation (``make_knock`` /
+        ``send_knock``) is not implemented, as joining over federation is not."""
+        room_id = await self.resolve_room(room_id_or_alias)
+        if await self.events.get_room_version(room_id) is None:
+            raise MatrixError(404, Codes.NOT_FOUND, f"unknown room {room_id}")
+        content: dict[str, Any] = {"membership": "knock"}
+        if reason is not None:
+            content["reason"] = reason
+        await self.writer.send(
+            room_id, requester.user_id, "m.room.member", content, state_key=requester.user_id
+        )
+        return room_id
+
     async def leave(self, requester: Requester, room_id: str) -> None:
         if await self.membership(room_id, requester.user_id) in (None, "leave"):
             raise MatrixError(

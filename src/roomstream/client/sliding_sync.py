@@ -13,6 +13,9 @@ joined to. Long polls wait on the :class:`~roomstream.client.notifier.Notifier`.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -36,7 +39,7 @@ from roomstream.reading import (
 )
 from roomstream.sliding.connections import ConnectionStore, RoomSent, Snapshot
 from roomstream.sliding.request import RoomConfig, RoomFilters, SlidingRequest, parse_request
-from roomstream.sliding.store import RoomEntry, SlidingStore, StateRow
+from roomstream.sliding.store import BUMP_EVENT_TYPES, RoomEntry, SlidingStore, StateRow
 
 __all__ = ["SlidingSyncHandler", "sliding_sync_routes"]
 
@@ -77,6 +80,51 @@ class _Built:
     window: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class _Derived:
+    """A room list's derived views: the rooms every connection lists (``listed``, in
+    order; rooms the user left themselves are decided per connection, ``self_left``
+    says whether there are any), by ID, and the joined ones."""
+
+    entries: list[RoomEntry]
+    listed: list[RoomEntry]
+    self_left: bool
+    by_id: dict[str, RoomEntry]
+    joined: set[str]
+    listed_ids: set[str]
+
+
+def _neg_activity(entry: RoomEntry) -> int:
+    return -entry.activity
+
+
+def _moved(
+    entries: list[RoomEntry], before: Sequence[RoomEntry], after: Sequence[RoomEntry]
+) -> list[RoomEntry]:
+    """``entries`` (newest first: activity, then room ID, descending) with each entry of
+    ``before`` (which it holds) replaced by the same position of ``after``, in order."""
+    result = list(entries)
+    for old in before:
+        key = -old.activity
+        low = bisect.bisect_left(result, key, key=_neg_activity)
+        high = bisect.bisect_right(result, key, low, key=_neg_activity)
+        index = next((i for i in range(low, high) if result[i] is old), None)
+        if index is None:  # not where its order says: rebuild (never expected)
+            gone = {e.room_id for e in before}
+            rebuilt = [*after, *(e for e in entries if e.room_id not in gone)]
+            rebuilt.sort(key=_RECENCY, reverse=True)
+            return rebuilt
+        del result[index]
+    for new in after:
+        key = -new.activity
+        low = bisect.bisect_left(result, key, key=_neg_activity)
+        high = bisect.bisect_right(result, key, low, key=_neg_activity)
+        # Among equal activity, room IDs descend.
+        index = next((i for i in range(low, high) if result[i].room_id < new.room_id), high)
+        result.insert(index, new)
+    return result
+
+
 def _dm_rooms(direct: dict[str, Any] | None) -> set[str]:
     rooms: set[str] = set()
     for value in (direct or {}).values():
@@ -105,6 +153,10 @@ class SlidingSyncHandler:
         #: user -> (events token, their room list at it), least recently used first.
         self._lists: OrderedDict[str, tuple[EventsToken, list[RoomEntry]]] = OrderedDict()
         self.max_cached_lists = max_cached_lists
+        #: id(room list) -> what responses derive from it (the list is kept inside).
+        self._derived_cache: OrderedDict[int, _Derived] = OrderedDict()
+        #: user -> (account data position, rooms of their m.direct), as ``_lists``.
+        self._direct: OrderedDict[str, tuple[int, set[str]]] = OrderedDict()
 
     async def sync(self, requester: Requester, request: SlidingRequest) -> dict[str, Any]:
         """The response; with a ``pos`` and nothing new, waits (up to the timeout) until
@@ -115,35 +167,75 @@ class SlidingSyncHandler:
         else:
             connection, previous = self.connections.resume(key, request.pos)
         user_id = requester.user_id
+        if previous is None:
+            # A connection's first response never waits: nothing to listen for.
+            built = await self._build(requester, request, None)
+            built.body["pos"] = self.connections.commit(key, connection, built.snapshot)
+            return built.body
         # Wake on the user's rooms as last known (a membership change since then wakes
         # through the user's own key, and the list read below then sees it).
-        known = previous.entries if previous is not None else None
-        if known is None and user_id in self._lists:
-            known = self._lists[user_id][1]
-        joined: set[str] = (
-            {e.room_id for e in known if e.membership == "join"}
-            if known is not None
-            else set(await self.reader.store.get_rooms_for_user(user_id))
-        )
+        joined = self._derived(previous.entries, user_id).joined
         deadline = time.monotonic() + request.timeout_ms / 1000
         while True:
             with self.notifier.listen(user_id, joined) as waiter:
                 while True:
                     built = await self._build(requester, request, previous)
                     remaining = deadline - time.monotonic()
-                    if not built.empty or previous is None or remaining <= 0:
+                    if not built.empty or remaining <= 0:
                         break
-                    now_joined = {
-                        e.room_id for e in built.snapshot.entries if e.membership == "join"
-                    }
+                    now_joined = self._derived(built.snapshot.entries, user_id).joined
                     if not now_joined <= joined:
                         break  # listen again, on the rooms joined since
                     await waiter.wait(remaining)
-            if not built.empty or previous is None or remaining <= 0:
+            if not built.empty or remaining <= 0:
                 break
             joined = now_joined
         built.body["pos"] = self.connections.commit(key, connection, built.snapshot)
         return built.body
+
+    def _derived(self, entries: list[RoomEntry], user_id: str) -> _Derived:
+        """What every response needs from a room list, computed once per list (lists
+        are immutable once built; the last few are kept by identity)."""
+        found = self._derived_cache.get(id(entries))
+        if found is not None and found.entries is entries:
+            return found
+        listed: list[RoomEntry] = []
+        self_left = False
+        for e in entries:
+            if e.membership == "leave" and e.member_sender == user_id:
+                self_left = True
+            elif e.membership in LISTED or e.membership == "leave":
+                listed.append(e)
+        derived = _Derived(
+            entries,
+            listed,
+            self_left,
+            {e.room_id: e for e in entries},
+            {e.room_id for e in entries if e.membership == "join"},
+            {e.room_id for e in listed},
+        )
+        self._remember(derived)
+        return derived
+
+    def _remember(self, derived: _Derived) -> None:
+        self._derived_cache[id(derived.entries)] = derived
+        while len(self._derived_cache) > 256:
+            self._derived_cache.popitem(last=False)
+
+    async def _direct_rooms(self, user_id: str, position: int) -> set[str]:
+        """The rooms of the user's ``m.direct``, read again only when the account data
+        stream has moved since the last read (``position`` was taken before this read,
+        so a cached set is never older than the position it is kept under)."""
+        cached = self._direct.get(user_id)
+        if cached is not None and cached[0] == position:
+            self._direct.move_to_end(user_id)
+            return cached[1]
+        rooms = _dm_rooms(await self.userdata.get_account_data(user_id, None, "m.direct"))
+        self._direct[user_id] = (position, rooms)
+        self._direct.move_to_end(user_id)
+        if len(self._direct) > self.max_cached_lists:
+            self._direct.popitem(last=False)
+        return rooms
 
     # -- the room list -------------------------------------------------------------------
 
@@ -238,10 +330,14 @@ class SlidingSyncHandler:
         self._lists.move_to_end(user_id)
         if len(self._lists) > self.max_cached_lists:
             self._lists.popitem(last=False)
-        entries = [e for e in all_entries if self._listed(e, user_id, previous)]
-        by_id = {e.room_id: e for e in all_entries}
-        direct = await self.userdata.get_account_data(user_id, None, "m.direct")
-        dms = _dm_rooms(direct)
+        derived = self._derived(all_entries, user_id)
+        by_id = derived.by_id
+        entries = derived.listed
+        if derived.self_left and previous is not None:
+            # Rooms the user left themselves stay listed until the leave was sent on
+            # this connection: only then is the list this connection's own.
+            entries = [e for e in all_entries if self._listed(e, user_id, previous)]
+        dms = await self._direct_rooms(user_id, positions["account_data"])
 
         # Which rooms, with which config.
         configs: dict[str, RoomConfig] = {}
@@ -281,7 +377,7 @@ class SlidingSyncHandler:
             fresh = (
                 sent is None
                 or sent.membership in ("invite", "knock")
-                or (not was_live and sent.fields.get("bump_stamp") != entry.activity)
+                or (not was_live and sent.activity != entry.activity)
             )
             if fresh:
                 plans.append(_Plan(entry, config, lists, True))
@@ -297,8 +393,14 @@ class SlidingSyncHandler:
             ):
                 plans.append(_Plan(entry, config, lists, False, expanded, sent=sent))
 
-        await self._timelines(user_id, device_id, plans, changed)
-        rooms_out, new_sent = await self._rooms(user_id, plans, dms)
+        # The timelines and the joined rooms' current state are independent reads: in
+        # flight together (two pool connections), a response waits for the longer only.
+        joined_ids = [p.entry.room_id for p in plans if p.entry.membership == "join"]
+        states, _ = await asyncio.gather(
+            self.store.current_state(joined_ids),
+            self._timelines(user_id, device_id, plans, changed),
+        )
+        rooms_out, new_sent = await self._rooms(user_id, plans, dms, states)
 
         window = set(configs)
         extensions = await self._extensions(
@@ -333,13 +435,49 @@ class SlidingSyncHandler:
             return await self.store.room_list(user_id)
         if not changed:
             return cached
-        entries = [
-            replace(e, activity=max(e.activity, changed[e.room_id].latest_activity))
-            if e.room_id in changed
-            else e
-            for e in cached
+        derived = self._derived(cached, user_id)
+        before = [e for room_id in changed if (e := derived.by_id.get(room_id)) is not None]
+        if not before:
+            return cached
+        # Only rooms with a new event of a bump type (or new events not all seen) can
+        # have a new bump_stamp: one index walk for those.
+        maybe_bumped = [
+            e.room_id
+            for e in before
+            if e.membership == "join"
+            and (
+                changed[e.room_id].limited
+                or any(ev.get("type") in BUMP_EVENT_TYPES for ev in changed[e.room_id].events)
+            )
         ]
-        entries.sort(key=lambda e: (e.activity, e.room_id), reverse=True)
+        bumps = await self.store.bump_stamps(maybe_bumped) if maybe_bumped else {}
+        after = [
+            replace(
+                e,
+                activity=max(e.activity, changed[e.room_id].latest_activity),
+                bump=max(e.bump, bumps.get(e.room_id, 0)),
+            )
+            for e in before
+        ]
+        # Move the changed rooms in place (C-level copies and binary searches: a wake
+        # costs the rooms that changed, not the rooms the user is in), and carry the
+        # derived views over the same way (memberships did not change).
+        entries = _moved(cached, before, after)
+        moved_listed = [
+            (b, a) for b, a in zip(before, after, strict=True) if b.room_id in derived.listed_ids
+        ]
+        by_id = dict(derived.by_id)
+        by_id.update((e.room_id, e) for e in after)
+        self._remember(
+            _Derived(
+                entries,
+                _moved(derived.listed, [b for b, _ in moved_listed], [a for _, a in moved_listed]),
+                derived.self_left,
+                by_id,
+                derived.joined,
+                derived.listed_ids,
+            )
+        )
         return entries
 
     # -- timelines -----------------------------------------------------------------------
@@ -364,31 +502,23 @@ class SlidingSyncHandler:
                 plan.timeline = await self._trimmed(
                     user_id, changed[room_id], plan.config.timeline_limit
                 )
-        # One seek per room: the read path's page from the room's end (latest_rooms
-        # would order every room of the user first, a cost that follows their number).
+        # The read path's page from each room's end, for all of them in one transaction
+        # (one per distinct limit); `latest_rooms` would order every room of the user
+        # first, a cost that follows their number.
+        by_limit: dict[int, list[_Plan]] = {}
         for plan in reload:
-            plan.timeline = await self._paginated(user_id, device_id, plan)
-            new = changed.get(plan.entry.room_id)
-            if new is not None and plan.timeline is not None:
-                live = {e["event_id"] for e in new.events}
-                plan.timeline.num_live = sum(
-                    1 for e in plan.timeline.events if e["event_id"] in live
-                )
-
-    async def _paginated(self, user_id: str, device_id: str | None, plan: _Plan) -> _Timeline:
-        room_id = plan.entry.room_id
-        chunk = await self.reader.paginate(
-            user_id, room_id, None, direction="b", limit=plan.config.timeline_limit,
-            device_id=device_id,
-        )  # fmt: skip
-        events = list(reversed(chunk.events))
-        if chunk.end is not None:
-            prev: str = chunk.end.to_string()
-        elif events:
-            prev = (await self.reader.position_of_event(room_id, events[0]["event_id"])).to_string()
-        else:
-            prev = chunk.start.to_string()
-        return _Timeline(events, chunk.end is not None, prev)
+            by_limit.setdefault(plan.config.timeline_limit, []).append(plan)
+        for limit, group in by_limit.items():
+            pages = await self.reader.latest_pages(
+                user_id, [p.entry.room_id for p in group], limit=limit, device_id=device_id
+            )
+            for plan in group:
+                page = pages[plan.entry.room_id]
+                plan.timeline = _Timeline(page.events, page.limited, page.prev_batch.to_string())
+                new = changed.get(plan.entry.room_id)
+                if new is not None:
+                    live = {e["event_id"] for e in new.events}
+                    plan.timeline.num_live = sum(1 for e in page.events if e["event_id"] in live)
 
     async def _trimmed(self, user_id: str, timeline: RoomTimeline, limit: int) -> _Timeline:
         events = timeline.events
@@ -405,14 +535,18 @@ class SlidingSyncHandler:
     # -- rooms ---------------------------------------------------------------------------
 
     async def _rooms(
-        self, user_id: str, plans: list[_Plan], dms: set[str]
+        self,
+        user_id: str,
+        plans: list[_Plan],
+        dms: set[str],
+        states: dict[str, list[StateRow]],
     ) -> tuple[dict[str, Any], dict[str, RoomSent]]:
+        """The response's rooms; ``states``: the current state rows of the joined ones."""
         out: dict[str, Any] = {}
         sent_now: dict[str, RoomSent] = {}
-        invites = [p for p in plans if p.entry.membership == "invite"]
+        invites = [p for p in plans if p.entry.membership in ("invite", "knock")]
         stripped = await self._invite_states(user_id, invites)
         joined = [p for p in plans if p.entry.membership == "join"]
-        states = await self.store.current_state([p.entry.room_id for p in joined])
         # Which state events to load: required state, and the heroes' member events.
         picks: dict[str, dict[tuple[str, str], str]] = {}
         heroes_of: dict[str, list[StateRow]] = {}
@@ -446,7 +580,7 @@ class SlidingSyncHandler:
             room_id = entry.room_id
             previous_fields = {} if plan.initial or sent is None else sent.fields
             room: dict[str, Any] = {}
-            fields: dict[str, Any] = {"bump_stamp": entry.activity, "membership": entry.membership}
+            fields: dict[str, Any] = {"bump_stamp": entry.bump, "membership": entry.membership}
             fields["is_dm"] = room_id in dms
             state_sent: dict[tuple[str, str], str | None] = (
                 {} if plan.initial or sent is None else dict(sent.state)
@@ -515,6 +649,7 @@ class SlidingSyncHandler:
                 state_sent,
                 fields,
                 plan.config.required_state,
+                entry.activity,
             )
         return out, sent_now
 
@@ -542,19 +677,24 @@ class SlidingSyncHandler:
     async def _invite_states(
         self, user_id: str, invites: list[_Plan]
     ) -> dict[str, list[dict[str, Any]]]:
-        """The read path's invite view (the invite and the room's descriptive state)."""
+        """The read path's invite (and knock) view: the user's membership event and the
+        room's descriptive state."""
         if not invites:
             return {}
         wanted = {p.entry.room_id for p in invites}
         total = sum(1 for _ in wanted)
         page = await self.reader.latest_rooms(
-            user_id, room_limit=total + 50, event_limit=1, memberships=("invite",)
+            user_id, room_limit=total + 50, event_limit=1, memberships=("invite", "knock")
         )
         found = {t.room_id: t.state for t in page.rooms if t.room_id in wanted}
         cursor = page.next_cursor
         while cursor is not None and len(found) < len(wanted):
             page = await self.reader.latest_rooms(
-                user_id, room_limit=500, event_limit=1, memberships=("invite",), cursor=cursor
+                user_id,
+                room_limit=500,
+                event_limit=1,
+                memberships=("invite", "knock"),
+                cursor=cursor,
             )
             found.update({t.room_id: t.state for t in page.rooms if t.room_id in wanted})
             cursor = page.next_cursor
@@ -639,6 +779,7 @@ class SlidingSyncHandler:
 
 
 _MISSING = object()
+_RECENCY = operator.attrgetter("activity", "room_id")
 
 
 def _typed(by_type: dict[str, Any]) -> list[dict[str, Any]]:

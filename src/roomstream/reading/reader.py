@@ -34,6 +34,7 @@ from roomstream.reading.results import (
     EventContext,
     LatestRoomsPage,
     PaginationChunk,
+    RoomPage,
     RoomsCursor,
     RoomTimeline,
     SyncResult,
@@ -534,11 +535,18 @@ class RoomReader:
                         timeline.state = _lazy_members(timeline.state, timeline.events, user_id)
             return SyncResult(upto, {r.room_id: r for r in page.rooms}, [])
         floor = since.minimum
-        candidates = sorted(
-            r
-            for r, m in rooms.items()
-            if m == "join" and (full_state or self._room_changes.has_entity_changed(r, floor))
-        )
+        # The rooms changed since the floor, from the change cache when it knows them
+        # and they are fewer than the user's rooms (a wake then costs what changed, not
+        # the number of rooms the user is in); full_state asks for every joined room.
+        changed = None if full_state else self._room_changes.get_all_entities_changed(floor)
+        if changed is not None and len(changed) < len(rooms):
+            candidates = sorted({r for r in changed if rooms.get(r) == "join"})
+        else:
+            candidates = sorted(
+                r
+                for r, m in rooms.items()
+                if m == "join" and (full_state or self._room_changes.has_entity_changed(r, floor))
+            )
         members_changed = self._member_changes.has_entity_changed(user_id, floor)
         if not candidates and not members_changed:
             return SyncResult(upto.advance(since), {}, [])
@@ -693,8 +701,9 @@ class RoomReader:
         """The user's rooms ordered by their latest activity the user may see (newest
         first, after ``cursor``), at most ``room_limit``, each with its latest
         ``event_limit`` visible events and its current state (or the state at the start
-        of the returned timeline, or none). Invited rooms get no timeline and, as state,
-        the invite event and the room's descriptive state (name, topic, join rules...).
+        of the returned timeline, or none). Invited (and knocked) rooms get no timeline
+        and, as state, the user's invite (or knock) event and the room's descriptive
+        state (name, topic, join rules...).
         """
         _check_limit(event_limit)
         if room_limit < 1:
@@ -792,14 +801,15 @@ class RoomReader:
         more = len(ordered) > room_limit
         ordered = [(room, membership, event, activity) for activity, room, membership, event
                    in ordered[:room_limit]]  # fmt: skip
-        readable = [r[0] for r in ordered if r[1] != "invite"]
+        # Invited and knocking users see no timeline, only the stripped state.
+        readable = [r[0] for r in ordered if r[1] not in ("invite", "knock")]
         views, _ = _load_views_txn(txn, readable, user_id)
         latest = _latest_rows_txn(txn, readable, event_limit + 1)
         currents, flags = _current_state_ids_txn(txn, readable) if state == "current" else ({}, {})
         picked: list[tuple[str, str, int, list[_Row], bool, list[str]]] = []
         for room_id, membership, member_event, activity in ordered:
             state_ids: list[str] = []
-            if membership == "invite":
+            if membership in ("invite", "knock"):
                 current = _current_state_txn(txn, room_id)
                 state_ids = [v for k, v in sorted(current.items()) if k[0] in INVITE_STATE_TYPES]
                 state_ids.append(member_event)
@@ -863,6 +873,56 @@ class RoomReader:
             else RoomPosition(*(MAX_POSITION if backwards else MIN_POSITION))
         )
         return PaginationChunk(events, start, end)
+
+    async def latest_pages(
+        self,
+        user_id: str,
+        room_ids: Sequence[str],
+        *,
+        limit: int,
+        device_id: str | None = None,
+    ) -> dict[str, RoomPage]:
+        """Each room's latest ``limit`` events the user may see: the events of
+        ``paginate(user_id, room, None, direction="b", limit=limit)``, for many rooms in
+        one transaction (the views in one statement, then an index seek per room), so
+        a page of rooms costs a few round trips, not a few per room."""
+        _check_limit(limit)
+        if not room_ids:
+            return {}
+        rows_by_room, loaded = await self.db.run_interaction(
+            self._latest_pages_txn, user_id, list(dict.fromkeys(room_ids)), limit, device_id
+        )
+        self._complete(loaded)
+        now = self._now()
+        pages: dict[str, RoomPage] = {}
+        for room_id, rows in rows_by_room.items():
+            limited = len(rows) > limit
+            kept = list(reversed(rows[:limit]))
+            prev = RoomPosition.of_event(*kept[0].position) if kept else RoomPosition(*MAX_POSITION)
+            pages[room_id] = RoomPage(room_id, self._format_rows(kept, loaded, now), limited, prev)
+        return pages
+
+    def _latest_pages_txn(
+        self, txn: Transaction, user_id: str, room_ids: list[str], limit: int, device_id: str | None
+    ) -> tuple[dict[str, list[_Row]], _Loaded]:
+        views, _ = _load_views_txn(txn, room_ids, user_id)
+        latest = _latest_rows_txn(txn, room_ids, limit + 1)
+        rows_by_room = {
+            room_id: _page_txn(
+                txn,
+                room_id,
+                views[room_id],
+                MIN_POSITION,
+                MAX_POSITION,
+                True,
+                limit + 1,
+                latest[room_id],
+            )
+            for room_id in room_ids
+        }
+        kept = [r for rows in rows_by_room.values() for r in rows[:limit]]
+        loaded = self._load_txn(txn, kept, (), user_id, device_id)
+        return rows_by_room, loaded
 
     def _paginate_txn(
         self,

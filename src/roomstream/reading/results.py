@@ -17,6 +17,7 @@ __all__ = [
     "EventContext",
     "LatestRoomsPage",
     "PaginationChunk",
+    "RoomPage",
     "RoomTimeline",
     "RoomsCursor",
     "SyncResult",
@@ -44,6 +45,21 @@ class RoomTimeline:
     prev_batch: PaginationToken
     state: list[ClientEvent] = field(default_factory=list)
     latest_activity: int = 0
+
+
+@dataclass
+class RoomPage:
+    """A room's latest visible events (:meth:`RoomReader.latest_pages`).
+
+    ``events``: oldest first, at most the limit asked for. ``limited``: older visible
+    events exist. ``prev_batch``: paginate backwards from here for them (the oldest
+    returned event's position; the room's end when none is returned).
+    """
+
+    room_id: str
+    events: list[ClientEvent]
+    limited: bool
+    prev_batch: RoomPosition
 
 
 @dataclass

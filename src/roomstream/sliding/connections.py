@@ -46,6 +46,9 @@ class RoomSent:
     fields: dict[str, Any]
     #: The required_state asked for when last sent (a wider one resends what it adds).
     config_key: Any = None
+    #: The room's recency when last sent (news while it was outside every range makes
+    #: it come back whole).
+    activity: int = 0
 
 
 @dataclass(slots=True)

@@ -1,10 +1,18 @@
 """The reads sliding sync needs beside the read path: the user's room list with each
 room's recency, and the current state entries of the rooms a response carries.
 
-The room list is one statement over the user's membership rows (an index seek per room
-for its latest stream position, no event read); its order is the read path's
+The room list is one statement over the user's membership rows (index seeks per room
+for its latest stream positions, no event read); its order is the read path's
 (:meth:`roomstream.reading.RoomReader.latest_rooms`): the newest timeline event for
-members, the membership event otherwise, ties by room ID, newest first.
+members, the membership event otherwise, ties by room ID, newest first. That is the
+proposal's "last activity" (any event moves a room up the server's list, so a client
+watching a range sees every room with news).
+
+A room's ``bump_stamp`` is a different notion (the proposal's "proper" activity, which
+clients sort their room list by): the newest event of one of :data:`BUMP_EVENT_TYPES`
+for members (a reaction, an edit of state, a receipt do not bump), the membership
+event otherwise, and the membership event too when the room has no bump event the
+server knows of.
 """
 
 from __future__ import annotations
@@ -16,17 +24,44 @@ import orjson
 
 from roomstream.storage import Database, Transaction
 
-__all__ = ["RoomEntry", "SlidingStore", "StateRow"]
+__all__ = ["BUMP_EVENT_TYPES", "RoomEntry", "SlidingStore", "StateRow"]
+
+#: The event types that bump a room (MSC4186's list of "proper" activity; Synapse's
+#: ``SLIDING_SYNC_DEFAULT_BUMP_EVENT_TYPES`` is the same set).
+BUMP_EVENT_TYPES: frozenset[str] = frozenset(
+    {
+        "m.room.create",
+        "m.room.message",
+        "m.room.encrypted",
+        "m.sticker",
+        "m.call.invite",
+        "m.poll.start",
+        "m.beacon_info",
+    }
+)
+_BUMP_TYPES_SQL = ", ".join(f"'{t}'" for t in sorted(BUMP_EVENT_TYPES))
+#: The newest bump event of room ``c.room_id`` that is in its timeline (not an outlier,
+#: rejected or soft-failed): a backwards walk of ``events_room_stream`` that stops at
+#: the first event of a bump type.
+_LATEST_BUMP_SQL = (
+    "SELECT b.stream_ordering FROM events b WHERE b.room_id = c.room_id"
+    f" AND b.type IN ({_BUMP_TYPES_SQL}) AND NOT b.outlier AND NOT b.soft_failed"
+    " AND b.rejected_reason IS NULL AND b.stream_ordering > 0"
+    " ORDER BY b.stream_ordering DESC LIMIT 1"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class RoomEntry:
     room_id: str
     membership: str
-    #: Recency (a stream position): orders the list, and is the room's ``bump_stamp``.
+    #: Recency (a stream position) of any event: orders the list.
     activity: int
     #: Who sent the user's membership event (tells a kick from a leave).
     member_sender: str
+    #: The room's ``bump_stamp`` (a stream position; only :data:`BUMP_EVENT_TYPES`
+    #: count for members), never above ``activity``.
+    bump: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,16 +95,39 @@ class SlidingStore:
                 "SELECT c.room_id, c.membership, e.sender,"
                 " CASE WHEN c.membership = 'join' THEN (SELECT MAX(x.stream_ordering)"
                 " FROM timeline_events x WHERE x.room_id = c.room_id)"
-                " ELSE e.stream_ordering END"
+                " ELSE e.stream_ordering END,"
+                f" CASE WHEN c.membership = 'join' THEN ({_LATEST_BUMP_SQL}) END,"
+                " e.stream_ordering"
                 " FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
                 " WHERE c.type = 'm.room.member' AND c.state_key = ?",
                 (user_id,),
             )
-            return [RoomEntry(str(r[0]), str(r[1]), int(r[3] or 0), str(r[2])) for r in rows]
+            return [
+                RoomEntry(str(r[0]), str(r[1]), int(r[3] or 0), str(r[2]), int(r[4] or r[5]))
+                for r in rows
+            ]
 
         entries = await self.db.run_interaction(txn)
         entries.sort(key=lambda e: (e.activity, e.room_id), reverse=True)
         return entries
+
+    async def bump_stamps(self, room_ids: Sequence[str]) -> dict[str, int]:
+        """room -> the stream position of its newest bump event (rooms without one are
+        absent)."""
+
+        def txn(t: Transaction) -> dict[str, int]:
+            found: dict[str, int] = {}
+            for chunk in _chunks(list(room_ids)):
+                for room_id, stream in t.query(
+                    f"SELECT c.room_id, ({_LATEST_BUMP_SQL}) FROM rooms c"
+                    f" WHERE c.room_id IN ({_marks(len(chunk))})",
+                    chunk,
+                ):
+                    if stream is not None:
+                        found[str(room_id)] = int(stream)
+            return found
+
+        return await self.db.run_interaction(txn) if room_ids else {}
 
     async def current_state(self, room_ids: Sequence[str]) -> dict[str, list[StateRow]]:
         """Each room's current state entries (IDs, no event bodies)."""
