@@ -213,11 +213,15 @@ def count_unread(
 
 @dataclass(frozen=True)
 class _Counted:
-    """Counts of a (user, room) from ``floor`` (the receipt or join stream ordering) over
-    every event the database held when the room's events were last seen to move at or
-    before ``checked_at`` (an events position: see :class:`UnreadCounter`)."""
+    """Counts of a (user, room) from ``floor`` (the receipt or join stream ordering) up to
+    and including stream ordering ``upto``, as the database held them when the room's
+    events were last seen to move at or before ``checked_at`` (an events position: see
+    :class:`UnreadCounter`). A room's events are persisted by one writer in stream order,
+    so an event arriving later has a stream ordering above ``upto``: while the floor
+    stays, new events only add to the counts."""
 
     floor: int
+    upto: int
     checked_at: int
     counts: tuple[int, int]
 
@@ -245,19 +249,22 @@ class UnreadCounter:
         rules = default_push_rules(user_id)
         checked_at = self.reader.ingested_floor
         known = {r: c for r in room_ids if (c := self._counted.get((user_id, r))) is not None}
-        for room_id in list(known):
-            if self.reader.rooms_changed_since((room_id,), known[room_id].checked_at):
-                del known[room_id]
-        found: dict[str, tuple[int, tuple[int, int]]] = await self.reader.db.run_interaction(
-            _counts_txn, rules, user_id, sorted(room_ids), known
+        # Rooms with events since they were counted: counted on from where they stopped.
+        grown = {
+            r: known.pop(r)
+            for r in list(known)
+            if self.reader.rooms_changed_since((r,), known[r].checked_at)
+        }
+        found: dict[str, _Counted] = await self.reader.db.run_interaction(
+            _counts_txn, rules, user_id, sorted(room_ids), known, grown, checked_at
         )
         result = {}
-        for room_id, (floor, (n, h)) in found.items():
+        for room_id, counted in found.items():
+            n, h = counted.counts
             result[room_id] = {"notification_count": n, "highlight_count": h}
-            previous = known.get(room_id)
-            if previous is None or previous.floor != floor:
+            if counted is not known.get(room_id):
                 key = (user_id, room_id)
-                self._counted[key] = _Counted(floor, checked_at, (n, h))
+                self._counted[key] = counted
                 self._counted.move_to_end(key)
         while len(self._counted) > self._max_entries:
             self._counted.popitem(last=False)
@@ -274,9 +281,12 @@ def _counts_txn(
     user_id: str,
     room_ids: list[str],
     known: Mapping[str, _Counted],
-) -> dict[str, tuple[int, tuple[int, int]]]:
-    """room -> (floor, counts); a ``known`` entry with the same floor is reused."""
-    result: dict[str, tuple[int, tuple[int, int]]] = {}
+    grown: Mapping[str, _Counted],
+    checked_at: int,
+) -> dict[str, _Counted]:
+    """room -> its counts. A ``known`` entry with the same floor is reused as it is; a
+    ``grown`` one with the same floor is extended by the events after its ``upto``."""
+    result: dict[str, _Counted] = {}
     for start in range(0, len(room_ids), 500):
         chunk = room_ids[start : start + 500]
         marks = _marks(len(chunk))
@@ -300,33 +310,31 @@ def _counts_txn(
         ):
             if stream is not None:
                 floor[str(room_id)] = max(floor.get(str(room_id), 0), int(stream))
-        pending: dict[str, list[str]] = {}
         for room_id in chunk:
             start_at = floor.get(room_id, 0)
             cached = known.get(room_id)
             if cached is not None and cached.floor == start_at:
-                result[room_id] = (start_at, cached.counts)
+                result[room_id] = cached
                 continue
-            ids = [
-                str(r[0])
-                for r in txn.query(
-                    "SELECT event_id FROM events WHERE room_id = ? AND stream_ordering > ?"
-                    " AND sender <> ? AND rejected_reason IS NULL AND soft_failed = ?"
-                    f" AND outlier = ? ORDER BY stream_ordering LIMIT {MAX_COUNTED}",
-                    (room_id, start_at, user_id, False, False),
-                )
-            ]
-            if ids:
-                pending[room_id] = ids
+            base = grown.get(room_id)
+            if base is not None and base.floor == start_at:
+                after, prior = base.upto, base.counts
             else:
-                result[room_id] = (start_at, (0, 0))
-        for room_id, ids in pending.items():
-            result[room_id] = (
-                floor.get(room_id, 0),
-                count_unread(
-                    rules, _events_in_order(txn, ids), _context_txn(txn, room_id, user_id)
-                ),
+                after, prior = start_at, (0, 0)
+            rows = txn.query(
+                "SELECT event_id, stream_ordering FROM events"
+                " WHERE room_id = ? AND stream_ordering > ?"
+                " AND sender <> ? AND rejected_reason IS NULL AND soft_failed = ?"
+                f" AND outlier = ? ORDER BY stream_ordering LIMIT {MAX_COUNTED}",
+                (room_id, after, user_id, False, False),
             )
+            counts = prior
+            if rows:
+                events = _events_in_order(txn, [str(r[0]) for r in rows])
+                n, h = count_unread(rules, events, _context_txn(txn, room_id, user_id))
+                counts = (prior[0] + n, prior[1] + h)
+                after = int(rows[-1][1])
+            result[room_id] = _Counted(start_at, after, checked_at, counts)
     return result
 
 
