@@ -204,6 +204,9 @@ async def test_user_ip_travels_on_its_own_channel(
     assert user_ip_channel_name(server_name) == f"{server_name}/USER_IP"
     await channel.subscribe(server_name, f"{server_name}/USER_IP")
     assert reader.redis is not None and writer.redis is not None
+    # USER_IP has no catch-up (Redis drops what nobody is subscribed to, as for Synapse):
+    # send it only once the reader's subscription is confirmed.
+    await asyncio.wait_for(reader.redis.subscribed.wait(), 60)
     received: list[Command] = []
     reader.redis.on_command = received.append
     sent = UserIpCommand("@u:" + server_name, "token", "10.0.0.1", "curl", None, 1234)
