@@ -4,6 +4,7 @@ of an event, and rule 9 (v12: 10) on ``m.room.power_levels`` events."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pytest
@@ -11,7 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roomstream.errors import AuthError
-from roomstream.events.auth import get_room_creators, get_send_level, get_user_power_level
+from roomstream.events.auth import (
+    get_room_creators,
+    get_send_level,
+    get_user_power_level,
+    is_valid_user_id,
+)
 from roomstream.events.model import Event
 from roomstream.events.room_versions import ROOM_V10, ROOM_V11, ROOM_V12, RoomVersion
 
@@ -201,6 +207,79 @@ def test_users_must_map_user_ids_to_integers(
 ) -> None:
     room = standard_room(version)
     refused(lambda: room.check(pl_event(room, {"users": users})), "users", reason)
+
+
+def naive_is_valid_user_id(user_id: object) -> bool:
+    """The grammar spelled out step by step: ``@``, a non-empty localpart of printable
+    ASCII up to the first ``:``, a server name, at most 255 UTF-8 bytes."""
+    if not isinstance(user_id, str) or not user_id.startswith("@"):
+        return False
+    if len(user_id.encode("utf-8")) > 255:
+        return False
+    localpart, sep, server = user_id[1:].partition(":")
+    if not sep or not localpart:
+        return False
+    if any(not 0x21 <= ord(c) <= 0x7E for c in localpart):
+        return False
+    host, port = server, None
+    if not host.startswith("[") and ":" in host:
+        host, _, port = host.partition(":")
+    elif host.startswith("[") and "]:" in host:
+        host, _, port = host.partition("]:")
+        host += "]"
+    if port is not None and not (1 <= len(port) <= 5 and all(c in "0123456789" for c in port)):
+        return False
+    if host.startswith("["):
+        inner = host[1:-1]
+        return (
+            host.endswith("]")
+            and bool(inner)
+            and all(c in "0123456789abcdefABCDEF:." for c in inner)
+        )
+    return bool(host) and all(c.isascii() and (c.isalnum() or c in ".-") for c in host)
+
+
+# Characters that matter to the grammar, a few that must be refused, and non-ASCII.
+_ID_ALPHABET = st.sampled_from("@:[].-09azAZ_=/~ !\x7f\x00\n\u00e9\u4e2d\U0001f600")
+
+
+@given(
+    st.one_of(
+        st.text(_ID_ALPHABET, max_size=12),
+        st.builds(
+            lambda local, server, port: f"@{local}:{server}{port}",
+            st.text(_ID_ALPHABET, max_size=6),
+            st.one_of(st.text(_ID_ALPHABET, max_size=8), st.just("[::1]")),
+            st.one_of(st.just(""), st.from_regex(re.compile(r":[0-9]{0,7}"), fullmatch=True)),
+        ),
+        # Around the 255-byte bound, with one- and multi-byte characters.
+        st.builds(
+            lambda n, tail: "@" + "a" * n + ":" + tail,
+            st.integers(240, 260),
+            st.sampled_from(["b.example", "b.example:8448", "\u00e9.example"]),
+        ),
+        st.integers(),
+        st.none(),
+    )
+)
+def test_user_id_grammar_agrees_with_the_naive_definition(user_id: object) -> None:
+    assert is_valid_user_id(user_id) == naive_is_valid_user_id(user_id), user_id
+
+
+def test_user_id_grammar_examples() -> None:
+    for good in ("@bob:b.example", "@x:[::1]:8448", "@!=~:1.2.3.4:80", "@a" + "b" * 240 + ":c.d"):
+        assert is_valid_user_id(good), good
+    for bad in (
+        "@:b.example",
+        "@b\u00e9b:b.example",
+        "@bob:b.example:port",
+        "@bob:",
+        "bob",
+        "@a" + "b" * 250 + ":c.de",
+        "@bob:b_example",
+        "@bob:[::1]:",
+    ):
+        assert not is_valid_user_id(bad), bad
 
 
 @versions()
