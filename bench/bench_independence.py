@@ -48,6 +48,7 @@ from tests.rooms.independence import (
 )
 
 from roomstream.events.signing import load_or_create_signing_key
+from roomstream.reading import read_side_participants
 from roomstream.rooms.engine import RoomEngine
 from roomstream.state.cooperative import shorten_switch_interval
 from roomstream.storage import DatabaseConfig, connect, prepare_database
@@ -94,7 +95,9 @@ async def _engine(name: str, tmp: Path) -> tuple[RoomEngine, str | None]:
     await prepare_database(db)
     streams = await StreamSet.open(db, "main", {})
     key = load_or_create_signing_key(tmp / "keys", "local.test")
-    return RoomEngine(db, streams, "local.test", "main", key), pg_name
+    return RoomEngine(
+        db, streams, "local.test", "main", key, participants=read_side_participants()
+    ), pg_name
 
 
 async def run_engine(name: str, branch_events: int, tmp: Path) -> dict[str, Any]:

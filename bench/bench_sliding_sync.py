@@ -54,6 +54,7 @@ from aiohttp.test_utils import TestServer
 import common
 from roomstream.client import build_client_api
 from roomstream.config import Config
+from roomstream.homeserver import open_room_engine
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
 from roomstream.sliding.store import SlidingStore
@@ -225,7 +226,7 @@ async def run_roomstream(
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         database = DatabaseConfig(engine="postgres", dsn=dsn, schema=schema)
     config = Config(server_name=SERVER, data_dir=str(work / f"data{rooms}"), database=database)
-    engine = await RoomEngine.open(config)
+    engine = await open_room_engine(config)
     process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
     app = web.Application()
     process.api.install(app)

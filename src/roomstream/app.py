@@ -15,15 +15,15 @@ from rich.console import Console
 
 from roomstream.config import Config
 from roomstream.errors import ServiceUnavailableError
+from roomstream.homeserver import open_room_engine
 from roomstream.rooms.creation import RoomPreset
-from roomstream.rooms.engine import RoomEngine
 
 logger = logging.getLogger(__name__)
 
 
 async def run_demo(config: Config, console: Console) -> int:
     """Create a room, send a few events, and show them as the events stream carries them."""
-    engine = await RoomEngine.open(config)
+    engine = await open_room_engine(config)
     try:
         where = config.database.path if config.database.engine == "sqlite" else config.database.dsn
         console.print(

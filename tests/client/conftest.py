@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from roomstream.client import ClientProcess, build_client_api
 from roomstream.config import Config
+from roomstream.homeserver import open_room_engine
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
@@ -89,7 +90,7 @@ def make_config(db_config: DatabaseConfig, tmp_path: Path, **overrides: Any) -> 
 @pytest.fixture
 async def homeserver(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[Homeserver]:
     config = make_config(db_config, tmp_path)
-    engine = await RoomEngine.open(config)
+    engine = await open_room_engine(config)
     app = web.Application(client_max_size=64 * 1024)
     process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
     process.api.install(app)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from roomstream.client import build_client_api
 from roomstream.client.server import CLIENT_PREFIX
+from roomstream.homeserver import open_room_engine
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
@@ -50,7 +51,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget]:
 
     async def start() -> tuple[RoomEngine, web.AppRunner, Any]:
         config = make_config(DatabaseConfig(engine="sqlite", path=str(tmp / "fuzz.db")), tmp)
-        engine = await RoomEngine.open(config)
+        engine = await open_room_engine(config)
         process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
         app = web.Application(client_max_size=64 * 1024)
         process.api.install(app)

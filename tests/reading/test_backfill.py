@@ -33,7 +33,8 @@ from hypothesis import strategies as st
 from roomstream.cli import main as cli_main
 from roomstream.config import load_config
 from roomstream.events.signing import load_or_create_signing_key
-from roomstream.reading import RoomReader
+from roomstream.homeserver import open_room_engine
+from roomstream.reading import RoomReader, read_side_participants
 from roomstream.reading.backfill import VisibilityBackfill
 from roomstream.reading.visibility import timeline_lock
 from roomstream.rooms.engine import RoomEngine
@@ -53,7 +54,9 @@ async def opened(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[Pla
         await prepare_database(database)
         streams = await StreamSet.open(database, "main", {})
         key = load_or_create_signing_key(tmp_path / "keys", SERVER)
-        engine = RoomEngine(database, streams, SERVER, "main", key)
+        engine = RoomEngine(
+            database, streams, SERVER, "main", key, participants=read_side_participants()
+        )
         player = Player(engine, key)
         player.rooms = await database.run_interaction(
             lambda t: t.query_one("SELECT COUNT(*) FROM rooms")[0]
@@ -407,18 +410,18 @@ async def test_start_up_rebuilds_an_old_database_in_the_background(
 ) -> None:
     records, ordered = await persisted_then_downgraded(db_config, tmp_path)
     config = load_config(str(_config_file(db_config, tmp_path)))
-    engine = await RoomEngine.open(config)
+    engine = await open_room_engine(config)
     try:
-        assert engine.visibility_backfill is not None
-        done = await engine.visibility_backfill
+        (rebuild,) = engine.background
+        done = await rebuild
         assert done.rooms == len(records)
         await assert_upgraded(engine.db, records, ordered)
     finally:
         await engine.close()
     # The next start finds nothing to do.
-    engine = await RoomEngine.open(config)
+    engine = await open_room_engine(config)
     try:
-        assert engine.visibility_backfill is None
+        assert engine.background == []
     finally:
         await engine.close()
 

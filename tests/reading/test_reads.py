@@ -20,6 +20,7 @@ from roomstream.reading import (
     RoomsCursor,
     encode_client_event,
     parse_pagination_token,
+    read_side_participants,
 )
 from roomstream.reading import reader as reader_module
 from roomstream.rooms.creation import RoomPreset
@@ -38,7 +39,7 @@ FEDERATION_KEYS = {"auth_events", "prev_events", "depth", "hashes", "signatures"
 async def engine(database: Database, tmp_path: Path) -> RoomEngine:
     streams = await StreamSet.open(database, "main", {})
     key = load_or_create_signing_key(tmp_path / "keys", SERVER)
-    return RoomEngine(database, streams, SERVER, "main", key)
+    return RoomEngine(database, streams, SERVER, "main", key, participants=read_side_participants())
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from roomstream.errors import MatrixError
 from roomstream.events.signing import load_or_create_signing_key
-from roomstream.reading import RoomReader
+from roomstream.reading import RoomReader, read_side_participants
 from roomstream.reading import reader as reader_module
 from roomstream.reading import visibility as visibility_module
 from roomstream.rooms.engine import RoomEngine
@@ -150,7 +150,9 @@ async def run_scripts(
         await prepare_database(database)
         streams = await StreamSet.open(database, "main", {})
         key = load_or_create_signing_key(tmp_path / "keys", SERVER)
-        engine = RoomEngine(database, streams, SERVER, "main", key)
+        engine = RoomEngine(
+            database, streams, SERVER, "main", key, participants=read_side_participants()
+        )
         reader = RoomReader.for_engine(engine)
         player = Player(engine, key)
         # Rooms of earlier examples share the database; users are fresh per room.

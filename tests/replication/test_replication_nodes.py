@@ -20,8 +20,8 @@ import pytest
 
 from roomstream.caches import CacheInvalidator, stream_invalidation_txn
 from roomstream.config import Config, parse_config
+from roomstream.homeserver import open_room_engine
 from roomstream.replication.worker import ReplicationNode
-from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig, Transaction
 from roomstream.streams import STREAMS
 from tests.ports import free_port
@@ -72,7 +72,7 @@ class Cluster:
 
     async def start(self, name: str, **kwargs: Any) -> ReplicationNode:
         config = self.config.with_instance(name)
-        engine = await RoomEngine.open(config)
+        engine = await open_room_engine(config)
         node = ReplicationNode(config, engine, **kwargs)
         await node.start()
         self.nodes[name] = node

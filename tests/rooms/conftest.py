@@ -14,6 +14,7 @@ from roomstream.events.hashing import encode_base64
 from roomstream.events.model import Event
 from roomstream.events.room_versions import RoomVersion
 from roomstream.events.signing import get_verify_key, key_id, load_or_create_signing_key
+from roomstream.reading import read_side_participants
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database
 from roomstream.streams import StreamSet
@@ -29,7 +30,9 @@ async def engine(
     """A room engine that knows the remote server's key (as an operator would add it)."""
     streams = await StreamSet.open(database, "main", {})
     key = load_or_create_signing_key(tmp_path / "keys", SERVER)
-    engine = RoomEngine(database, streams, SERVER, "main", key)
+    engine = RoomEngine(
+        database, streams, SERVER, "main", key, participants=read_side_participants()
+    )
     await engine.keys.add(REMOTE, key_id(remote_key), verify_key_base64(remote_key))
     yield engine
 

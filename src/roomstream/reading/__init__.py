@@ -12,6 +12,7 @@ No HTTP here: the Client-Server API serves these.
 """
 
 from roomstream.reading.format import ClientEvent, client_event, encode_client_event
+from roomstream.reading.participants import read_side_participants
 from roomstream.reading.reader import MAX_LIMIT, RoomReader
 from roomstream.reading.results import (
     EventContext,
@@ -48,4 +49,5 @@ __all__ = [
     "client_event",
     "encode_client_event",
     "parse_pagination_token",
+    "read_side_participants",
 ]

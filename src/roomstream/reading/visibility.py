@@ -39,6 +39,7 @@ from typing import Any
 import orjson
 
 from roomstream.events.model import Event, StateKey
+from roomstream.rooms.participants import TimelineInput
 from roomstream.state.groups import get_state_txn
 from roomstream.storage import Transaction
 
@@ -100,28 +101,6 @@ def allowed(visibility: int, membership: str | None, joined_later: bool) -> bool
 def allowed_classes(membership: str | None, joined_later: bool) -> frozenset[int]:
     """The classes whose events a user with this membership (and joined-later flag) sees."""
     return frozenset(c for c in ALL_CLASSES if allowed(c, membership, joined_later))
-
-
-@dataclass(frozen=True, slots=True)
-class TimelineInput:
-    """What the persister hands over for each event it stores (see :meth:`record_txn`).
-
-    ``in_timeline``: the event has state and was neither rejected nor soft-failed.
-    ``state_before``/``state_after``: the room state before and after it (None for
-    outliers). The persister's state maps are shared, never copied: the recorder compares
-    them by identity first.
-    """
-
-    event: Event
-    stream_ordering: int
-    instance_name: str
-    in_timeline: bool
-    state_before: Mapping[StateKey, str] | None
-    state_after: Mapping[StateKey, str] | None
-
-    @property
-    def position(self) -> Position:
-        return (self.event.depth, self.stream_ordering)
 
 
 @dataclass(frozen=True, slots=True)

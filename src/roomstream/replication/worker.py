@@ -44,6 +44,7 @@ from rich.console import Console
 from roomstream import metrics
 from roomstream.caches import STATE_CACHE_GROUP, CacheGroup, CacheRegistry
 from roomstream.config import Config, ConfigError, load_config
+from roomstream.homeserver import open_room_engine
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import (
     InternalHttpClient,
@@ -501,7 +502,7 @@ async def run_instance(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run ``config.instance_name`` until SIGTERM/SIGINT (or ``stop`` is set); exit code."""
-    engine = await RoomEngine.open(config)
+    engine = await open_room_engine(config)
     node = ReplicationNode(config, engine, record_path=record_path, socket_buffer=socket_buffer)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -21,9 +21,9 @@ from roomstream.events.signing import (
     load_or_create_signing_key,
     required_signers,
 )
-from roomstream.reading.backfill import RebuildSummary, run_pending_in_background
 from roomstream.rooms.creation import LocalEventCreator
 from roomstream.rooms.keys import ServerKeyStore, local_key_map
+from roomstream.rooms.participants import PersistParticipant
 from roomstream.rooms.persist import EventPersister, PersistedEvent
 from roomstream.rooms.store import EventStore
 from roomstream.state.cooperative import shorten_switch_interval
@@ -31,14 +31,6 @@ from roomstream.storage import Database, connect, prepare_database
 from roomstream.streams import StreamSet
 
 logger = logging.getLogger(__name__)
-
-
-def _log_backfill_failure(task: asyncio.Task[RebuildSummary]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error(
-            "rebuilding visibility records failed (run `roomstream rebuild-visibility`)",
-            exc_info=task.exception(),
-        )
 
 
 class RoomEngine:
@@ -51,20 +43,31 @@ class RoomEngine:
         server_name: str,
         instance_name: str,
         signing_key: SigningKey,
+        *,
+        participants: Sequence[PersistParticipant] = (),
     ) -> None:
         self.db = database
         self.streams = streams
         self.server_name = server_name
         self.store = EventStore(database)
-        self.persister = EventPersister(self.store, streams, instance_name)
+        self.persister = EventPersister(
+            self.store, streams, instance_name, participants=participants
+        )
         self.creator = LocalEventCreator(self.persister, server_name, signing_key)
         self.keys = ServerKeyStore(database, local_key_map(server_name, signing_key))
-        #: Rebuilding the visibility records of rooms persisted before they existed
-        #: (started by :meth:`open` when migration 7 listed any; see reading.backfill).
-        self.visibility_backfill: asyncio.Task[RebuildSummary] | None = None
+        #: Work started for this engine by whoever assembled it (e.g. rebuilding the read
+        #: side's records), cancelled by :meth:`close`; its progress must be durable.
+        self.background: list[asyncio.Task[object]] = []
 
     @classmethod
-    async def open(cls, config: Config) -> RoomEngine:
+    async def open(
+        cls, config: Config, *, participants: Sequence[PersistParticipant] = ()
+    ) -> RoomEngine:
+        """Open the configured database (migrated), streams and signing key.
+
+        ``participants`` record in every persisted batch's transaction (see
+        :mod:`roomstream.rooms.participants`); the process assembly passes the read
+        side's (``roomstream.homeserver.open_room_engine``)."""
         database = connect(config.database)
         try:
             await prepare_database(database)
@@ -74,23 +77,21 @@ class RoomEngine:
             raise
         key = load_or_create_signing_key(config.data_dir, config.server_name)
         shorten_switch_interval()  # see roomstream.state.cooperative
-        engine = cls(database, streams, config.server_name, config.instance_name, key)
-        # In the background, in bounded transactions: the rooms fill while we serve.
-        try:
-            engine.visibility_backfill = await run_pending_in_background(database)
-        except BaseException:
-            await database.close()
-            raise
-        if engine.visibility_backfill is not None:
-            engine.visibility_backfill.add_done_callback(_log_backfill_failure)
-        return engine
+        return cls(
+            database,
+            streams,
+            config.server_name,
+            config.instance_name,
+            key,
+            participants=participants,
+        )
 
     async def close(self) -> None:
-        if self.visibility_backfill is not None:
+        for task in self.background:
             # Its progress is durable: the next start carries on where it stopped.
-            self.visibility_backfill.cancel()
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.visibility_backfill
+                await task
         await self.streams.flush()
         await self.db.close()
 

@@ -49,7 +49,7 @@ from roomstream.events.auth import (
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
 from roomstream.metrics import observe_persisted, persist_timer
-from roomstream.reading.visibility import TimelineInput, VisibilityRecorder
+from roomstream.rooms.participants import PersistParticipant, TimelineInput
 from roomstream.rooms.store import (
     EventMeta,
     EventStore,
@@ -322,6 +322,7 @@ class EventPersister:
         streams: StreamSet,
         instance_name: str,
         *,
+        participants: Sequence[PersistParticipant] = (),
         room_cache_size: int = 512,
         state_cache_size: int = 64,
     ) -> None:
@@ -337,8 +338,8 @@ class EventPersister:
         self._queue: list[_Pending] = []
         self._uncommitted: dict[str, Event] = {}
         self._committer: asyncio.Task[None] | None = None
-        # The read side's record of what each user may see (roomstream.reading).
-        self.visibility = VisibilityRecorder()
+        #: What else records in each batch's transaction (see rooms.participants).
+        self.participants: tuple[PersistParticipant, ...] = tuple(participants)
 
     def room_lock(self, room_id: str) -> asyncio.Lock:
         return self._locks[room_id]
@@ -1071,14 +1072,13 @@ class EventPersister:
             self._update_current_state_txn(
                 txn, room, p.old_current, new_current[1], contexts, orderings
             )
-        self.visibility.record_txn(
-            txn,
-            room.room_id,
-            [self._timeline_input(c, o) for c, o in zip(contexts, orderings, strict=True)],
-        )
+        if self.participants:
+            items = [self._timeline_input(c, o) for c, o in zip(contexts, orderings, strict=True)]
+            for participant in self.participants:
+                participant.record_txn(txn, room.room_id, items)
 
     def _timeline_input(self, ctx: _Context, ordering: int) -> TimelineInput:
-        """What the read side needs of a persisted event (see VisibilityRecorder)."""
+        """What participants are told of a persisted event (see rooms.participants)."""
         before = ctx.state_after
         if isinstance(ctx.after, PendingGroup) and ctx.after is not ctx.before:
             before = ctx.after.parent_state
