@@ -40,7 +40,7 @@ import psycopg
 from psycopg import sql
 
 import common  # type: ignore[import-not-found]
-from roomstream.corpus import CorpusSpec, generate_corpus
+from roomstream.devtools.corpus import CorpusSpec, generate_corpus
 from roomstream.pipelines.import_task import TaskSettings, key_line, persist_rooms
 from roomstream.pipelines.importer import import_events
 from roomstream.pipelines.session import spark_session

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from roomstream.corpus import CorpusSpec, CorpusStats, generate_corpus
+from roomstream.devtools.corpus import CorpusSpec, CorpusStats, generate_corpus
 from roomstream.errors import BadEventError
 from roomstream.events.format import parse_pdu
 from roomstream.events.model import Event

@@ -1,12 +1,22 @@
-"""roomstream: the room-event engine of a Matrix-style homeserver.
+"""roomstream: a Matrix homeserver built on streams, replication and room event storage.
 
-Packages, in dependency order (each may only import those before it):
+Packages, top to bottom; each may import only those below it (packages on one line
+import neither each other). ``pyproject.toml``'s import-linter contract states the same
+order and ``make lint`` checks it (README, "Layout"):
 
-- ``roomstream.storage``: one async database interface, SQLite and PostgreSQL engines.
-- ``roomstream.streams``: stream ID generators, stream definitions, change caches.
-- ``roomstream.events`` / ``roomstream.state``: room events, authorization, state.
-- ``roomstream.replication``, ``roomstream.api``, ``roomstream.pipelines``: keeping
-  processes informed, serving clients, and bulk work on Spark.
+- ``cli``: the command line;
+- ``app`` (the demo traffic of ``roomstream run --demo``), ``devtools`` (corpora for
+  tests and benchmarks);
+- ``homeserver``: the process, assembled in one place;
+- ``client``: the Matrix Client-Server API;
+- ``replication``, ``pipelines`` (Spark), ``sliding`` (sliding sync's model);
+- ``reading`` (the read side), ``accounts`` (users, devices, tokens);
+- ``rooms``: persisting and creating room events;
+- ``state``, ``caches``;
+- ``events``, ``config``;
+- ``streams``;
+- ``storage``;
+- ``errors``, ``metrics``, ``exactjson``.
 """
 
 __version__ = "0.1.0"

@@ -254,7 +254,7 @@ async def cmd_keys(config: Config, args: argparse.Namespace) -> int:
 
 
 async def cmd_generate(config: Config, args: argparse.Namespace) -> int:
-    from roomstream.corpus import generate_cli
+    from roomstream.devtools.corpus import generate_cli
 
     return generate_cli(
         args.path,

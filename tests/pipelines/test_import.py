@@ -21,7 +21,7 @@ import orjson
 import pytest
 from pyspark.sql import SparkSession
 
-from roomstream.corpus import CorpusSpec, CorpusStats, generate_corpus
+from roomstream.devtools.corpus import CorpusSpec, CorpusStats, generate_corpus
 from roomstream.errors import BadEventError
 from roomstream.events.format import parse_pdu
 from roomstream.events.hashing import compute_event_id

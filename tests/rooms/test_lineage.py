@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from roomstream.corpus import CorpusSpec, generate_corpus
+from roomstream.devtools.corpus import CorpusSpec, generate_corpus
 from roomstream.events.model import StateKey
 from roomstream.pipelines.import_task import TaskSettings, key_line, persist_rooms
 from roomstream.rooms import persist
