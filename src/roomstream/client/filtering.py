@@ -7,10 +7,12 @@ error for a malformed body is ``M_BAD_JSON``). Unknown keys are ignored, as Syna
 
 Matching (spec and Synapse agree):
 
-- ``types`` / ``not_types`` are patterns where ``*`` matches any run of characters;
+- ``types`` / ``not_types`` are patterns where ``*`` matches any run of characters
+  (:mod:`roomstream.glob`: no backtracking, at most :data:`~roomstream.glob.MAX_GLOB_LENGTH`
+  characters, :data:`MAX_WILDCARD_PATTERNS` with a ``*`` per list, else ``M_BAD_JSON``);
   ``not_*`` wins over the positive list; a missing positive list allows everything,
   an empty one nothing.
-- ``senders`` / ``not_senders`` and ``rooms`` / ``not_rooms`` are exact.
+- ``senders`` / ``not_senders`` and ``rooms`` / ``not_rooms`` are exact (set lookups).
 - ``contains_url``: ``true`` keeps only events whose ``content.url`` is a string,
   ``false`` only those without one.
 - ``limit`` bounds the number of events (timeline: the events read before filtering; see
@@ -22,12 +24,12 @@ the callers skip matching altogether (the unfiltered sync pays nothing).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roomstream.errors import Codes, MatrixError
+from roomstream.glob import MAX_GLOB_LENGTH, Glob, compile_glob
 
 __all__ = [
     "EMPTY_ROOM_EVENT_FILTER",
@@ -43,14 +45,45 @@ __all__ = [
 
 #: Largest ``limit`` honoured (larger ones are clamped, as the reads' own maximum).
 MAX_FILTER_LIMIT = 1000
+#: Most ``*`` patterns in one ``types`` / ``not_types`` list: each event is matched
+#: against each of them, so their number multiplies the cost of every filtered event
+#: (patterns without ``*`` are one set lookup whatever their number).
+MAX_WILDCARD_PATTERNS = 100
 
 
 def _bad(message: str) -> MatrixError:
     return MatrixError(400, Codes.BAD_JSON, message)
 
 
-def _glob(pattern: str) -> re.Pattern[str]:
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+def _type_patterns(definition: Mapping[str, Any], key: str, where: str) -> tuple[str, ...] | None:
+    """A ``types`` / ``not_types`` list, its patterns' sizes bounded."""
+    patterns = _string_list(definition, key, where)
+    if patterns is None:
+        return None
+    if any(len(p) > MAX_GLOB_LENGTH for p in patterns):
+        raise _bad(f"{where}{key}: patterns are limited to {MAX_GLOB_LENGTH} characters")
+    if sum("*" in p for p in set(patterns)) > MAX_WILDCARD_PATTERNS:
+        raise _bad(f"{where}{key}: at most {MAX_WILDCARD_PATTERNS} patterns with '*'")
+    return patterns
+
+
+@dataclass(frozen=True)
+class _TypeMatcher:
+    """Patterns without ``*`` as a set, the others compiled (:mod:`roomstream.glob`)."""
+
+    exact: frozenset[str]
+    globs: tuple[Glob, ...]
+
+    @classmethod
+    def of(cls, patterns: Iterable[str]) -> _TypeMatcher:
+        unique = set(patterns)
+        return cls(
+            frozenset(p for p in unique if "*" not in p),
+            tuple(compile_glob(p) for p in sorted(unique) if "*" in p),
+        )
+
+    def any_matches(self, value: str) -> bool:
+        return value in self.exact or any(g.matches(value) for g in self.globs)
 
 
 def _string_list(definition: Mapping[str, Any], key: str, where: str) -> tuple[str, ...] | None:
@@ -79,20 +112,27 @@ def _object(definition: Mapping[str, Any], key: str, where: str) -> Mapping[str,
 @dataclass(frozen=True)
 class EventFilter:
     """Spec ``EventFilter``: ``limit``, ``types``, ``not_types``, ``senders``,
-    ``not_senders``. ``types`` patterns are compiled once."""
+    ``not_senders``. ``types`` patterns are compiled once, the lists made sets."""
 
     limit: int | None = None
     types: tuple[str, ...] | None = None
     not_types: tuple[str, ...] = ()
     senders: tuple[str, ...] | None = None
     not_senders: tuple[str, ...] = ()
-    _types_re: tuple[re.Pattern[str], ...] | None = field(default=None, repr=False)
-    _not_types_re: tuple[re.Pattern[str], ...] = field(default=(), repr=False)
+    _types: _TypeMatcher | None = field(default=None, repr=False, compare=False)
+    _not_types: _TypeMatcher = field(
+        default=_TypeMatcher(frozenset(), ()), repr=False, compare=False
+    )
+    _senders: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    _not_senders: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.types is not None:
-            object.__setattr__(self, "_types_re", tuple(_glob(t) for t in self.types))
-        object.__setattr__(self, "_not_types_re", tuple(_glob(t) for t in self.not_types))
+            object.__setattr__(self, "_types", _TypeMatcher.of(self.types))
+        object.__setattr__(self, "_not_types", _TypeMatcher.of(self.not_types))
+        if self.senders is not None:
+            object.__setattr__(self, "_senders", frozenset(self.senders))
+        object.__setattr__(self, "_not_senders", frozenset(self.not_senders))
 
     @property
     def allows_all(self) -> bool:
@@ -105,14 +145,14 @@ class EventFilter:
         )
 
     def type_allowed(self, event_type: str) -> bool:
-        if any(p.fullmatch(event_type) for p in self._not_types_re):
+        if self._not_types.any_matches(event_type):
             return False
-        return self._types_re is None or any(p.fullmatch(event_type) for p in self._types_re)
+        return self._types is None or self._types.any_matches(event_type)
 
     def sender_allowed(self, sender: str | None) -> bool:
-        if sender is not None and sender in self.not_senders:
+        if sender is not None and sender in self._not_senders:
             return False
-        return self.senders is None or sender in self.senders
+        return self._senders is None or sender in self._senders
 
     def matches(self, event: Mapping[str, Any]) -> bool:
         """Whether ``event`` (a client-format event, or ``{"type", "content"}`` account
@@ -139,6 +179,12 @@ class RoomEventFilter(EventFilter):
     contains_url: bool | None = None
     lazy_load_members: bool = False
     include_redundant_members: bool = False
+    _rooms: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    _not_rooms: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _room_sets(self)
 
     @property
     def allows_all(self) -> bool:
@@ -150,9 +196,9 @@ class RoomEventFilter(EventFilter):
         )
 
     def room_allowed(self, room_id: str) -> bool:
-        if room_id in self.not_rooms:
+        if room_id in self._not_rooms:
             return False
-        return self.rooms is None or room_id in self.rooms
+        return self._rooms is None or room_id in self._rooms
 
     def matches(self, event: Mapping[str, Any]) -> bool:
         if not super().matches(event):
@@ -165,6 +211,13 @@ class RoomEventFilter(EventFilter):
             has_url = isinstance(content, Mapping) and isinstance(content.get("url"), str)
             return has_url == self.contains_url
         return True
+
+
+def _room_sets(target: RoomEventFilter | SyncFilter) -> None:
+    """``rooms`` / ``not_rooms`` as sets: one lookup per event, whatever their length."""
+    if target.rooms is not None:
+        object.__setattr__(target, "_rooms", frozenset(target.rooms))
+    object.__setattr__(target, "_not_rooms", frozenset(target.not_rooms))
 
 
 EMPTY_EVENT_FILTER = EventFilter()
@@ -185,8 +238,8 @@ def _limit(definition: Mapping[str, Any], where: str) -> int | None:
 def _event_filter_fields(definition: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {
         "limit": _limit(definition, where),
-        "types": _string_list(definition, "types", where),
-        "not_types": _string_list(definition, "not_types", where) or (),
+        "types": _type_patterns(definition, "types", where),
+        "not_types": _type_patterns(definition, "not_types", where) or (),
         "senders": _string_list(definition, "senders", where),
         "not_senders": _string_list(definition, "not_senders", where) or (),
     }
@@ -275,11 +328,16 @@ class SyncFilter:
     room_account_data: RoomEventFilter = EMPTY_ROOM_EVENT_FILTER
     event_fields: tuple[tuple[str, ...], ...] | None = None
     event_format: Literal["client", "federation"] = "client"
+    _rooms: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    _not_rooms: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _room_sets(self)
 
     def room_allowed(self, room_id: str) -> bool:
-        if room_id in self.not_rooms:
+        if room_id in self._not_rooms:
             return False
-        return self.rooms is None or room_id in self.rooms
+        return self._rooms is None or room_id in self._rooms
 
     def project(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``events`` reduced to ``event_fields`` (unchanged without it)."""
