@@ -65,6 +65,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from roomstream import exactjson
 from roomstream.config import Config
 from roomstream.errors import Codes, MatrixError, ServiceUnavailableError
+from roomstream.events.canonical import MAX_NESTING_DEPTH
 from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
@@ -78,6 +79,7 @@ __all__ = [
     "bearer_auth_middleware",
     "error_response",
     "matrix_error_middleware",
+    "parse_json_object",
     "read_json",
 ]
 
@@ -120,19 +122,33 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, for every roomstream HTTP API; an empty body is
     ``{}`` (clients send none for some POSTs). Refusals are 400 ``M_NOT_JSON`` or
-    ``M_BAD_JSON``."""
+    ``M_BAD_JSON`` (not an object, or nested too deep: :func:`parse_json_object`)."""
     try:
         raw = await request.read()
     except ConnectionResetError:
         raise MatrixError(400, Codes.UNKNOWN, "the client went away") from None
     if not raw.strip():
         return {}
+    return parse_json_object(raw, "content")
+
+
+def parse_json_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    """``raw`` as a JSON object (a body, or JSON in a query parameter: ``what``).
+
+    Nesting is bounded here, once, for everything a request may carry (the bound of event
+    content, :data:`~roomstream.events.canonical.MAX_NESTING_DEPTH`): orjson decodes 1,024
+    levels but encodes only 255, so deeper data accepted would fail whenever it is
+    served again."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise MatrixError(400, Codes.NOT_JSON, f"content not JSON: {exc}") from None
+        raise MatrixError(400, Codes.NOT_JSON, f"{what} not JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise MatrixError(400, Codes.BAD_JSON, "the body must be a JSON object")
+        raise MatrixError(400, Codes.BAD_JSON, f"the {what} must be a JSON object")
+    if exactjson.nested_deeper_than(body, MAX_NESTING_DEPTH):
+        raise MatrixError(
+            400, Codes.BAD_JSON, f"{what} nested deeper than {MAX_NESTING_DEPTH} levels"
+        )
     return body
 
 
