@@ -49,8 +49,8 @@ __all__ = [
 MAX_FILTER_LIMIT = 1000
 #: Most patterns holding a ``*`` in one ``types`` / ``not_types`` list, and most runs of
 #: ``*`` (``**`` counts once) over all of them: each event is matched against each such
-#: pattern, one search per run, so these bound what a filter costs an event
-#: at worst about 0.15 ms per distinct event type, once per type and request).
+#: pattern, one search per run, so these bound what a filter costs an event (at worst
+#: about 0.15 ms per distinct event type, once per type and request).
 #: Patterns without ``*`` are one set lookup whatever their number.
 MAX_WILDCARD_PATTERNS = 16
 MAX_WILDCARDS = 64
