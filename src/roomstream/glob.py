@@ -116,11 +116,22 @@ def _segment_source(segment: str, wildcards: str) -> str:
     return "".join("." if any_char and c == "?" else re.escape(c) for c in segment)
 
 
-@lru_cache(maxsize=4096)
+#: Patterns up to this long are kept compiled (4,096 of them): event types and the like.
+#: Longer ones (a display name may be kilobytes) are compiled per call, so the cache
+#: stays small whatever clients send.
+CACHED_LENGTH = 256
+
+
 def compile_glob(pattern: str, *, wildcards: str = "*", ignore_case: bool = False) -> Glob:
     """``pattern`` compiled; ``wildcards`` says which of ``*`` and ``?`` are wildcards
     (``""``: a literal). Callers bound the length of patterns clients send
     (:data:`MAX_GLOB_LENGTH`); matching cost is bounded by it whatever the pattern."""
+    if len(pattern) > CACHED_LENGTH:
+        return _compile(pattern, wildcards, ignore_case)
+    return _compile_cached(pattern, wildcards, ignore_case)
+
+
+def _compile(pattern: str, wildcards: str, ignore_case: bool) -> Glob:
     flags = re.DOTALL | (re.IGNORECASE if ignore_case else 0)
     starred = "*" in wildcards and "*" in pattern
     parts = pattern.split("*") if starred else [pattern]
@@ -143,3 +154,6 @@ def compile_glob(pattern: str, *, wildcards: str = "*", ignore_case: bool = Fals
         _head_word=re.compile(head if starred else head + r"(?!\w)", flags),
         _tail_word=re.compile(tail, flags),
     )
+
+
+_compile_cached = lru_cache(maxsize=4096)(_compile)
