@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["DIGITS_TO_ZERO", "NINETEEN_ZEROS", "has_long_digit_run", "loads"]
+__all__ = ["DIGITS_TO_ZERO", "NINETEEN_ZEROS", "has_long_digit_run", "loads", "nested_deeper_than"]
 
 #: ``bytes.translate`` table that maps each ASCII digit to ``0``.
 DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
@@ -51,3 +51,21 @@ def loads(text: str | bytes | bytearray | memoryview) -> Any:
     if isinstance(text, bytes):
         text = text.decode()
     return _stdlib_decode(text)
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds containers (objects, arrays) more than ``limit`` levels
+    deep, the outermost one counting as 1. Iterative, one level at a time, so any depth
+    the decoder produced is measured without recursion; stops at the first level past
+    ``limit``."""
+    level: list[Any] = [value]
+    depth = 0
+    while level:
+        containers = [v for v in level if isinstance(v, (dict, list))]
+        if not containers:
+            return False
+        depth += 1
+        if depth > limit:
+            return True
+        level = [child for c in containers for child in (c.values() if isinstance(c, dict) else c)]
+    return False

@@ -167,6 +167,8 @@ bodies = st.one_of(
     st.dictionaries(st.sampled_from(KEYS), json_values, max_size=6),
     json_values,
     st.binary(max_size=40),
+    # Deep nesting: refused at parse time (more than 255 levels cannot be re-encoded).
+    st.integers(1, 1100).map(lambda d: b'{"type":' + b"[" * d + b"]" * d + b"}"),
 )
 QUERY = [
     "since",

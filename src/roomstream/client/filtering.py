@@ -7,10 +7,14 @@ error for a malformed body is ``M_BAD_JSON``). Unknown keys are ignored, as Syna
 
 Matching (spec and Synapse agree):
 
-- ``types`` / ``not_types`` are patterns where ``*`` matches any run of characters;
+- ``types`` / ``not_types`` are patterns where ``*`` matches any run of characters
+  (:mod:`roomstream.glob`: no backtracking, at most :data:`~roomstream.glob.MAX_GLOB_LENGTH`
+  characters; per list :data:`MAX_WILDCARD_PATTERNS` patterns holding a ``*`` and
+  :data:`MAX_WILDCARDS` runs of ``*`` in all, else ``M_BAD_JSON``: so a list costs each
+  event a bounded number of searches, whatever its patterns);
   ``not_*`` wins over the positive list; a missing positive list allows everything,
   an empty one nothing.
-- ``senders`` / ``not_senders`` and ``rooms`` / ``not_rooms`` are exact.
+- ``senders`` / ``not_senders`` and ``rooms`` / ``not_rooms`` are exact (set lookups).
 - ``contains_url``: ``true`` keeps only events whose ``content.url`` is a string,
   ``false`` only those without one.
 - ``limit`` bounds the number of events (timeline: the events read before filtering; see
@@ -22,12 +26,12 @@ the callers skip matching altogether (the unfiltered sync pays nothing).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roomstream.errors import Codes, MatrixError
+from roomstream.glob import MAX_GLOB_LENGTH, Glob, compile_glob
 
 __all__ = [
     "EMPTY_ROOM_EVENT_FILTER",
@@ -43,14 +47,68 @@ __all__ = [
 
 #: Largest ``limit`` honoured (larger ones are clamped, as the reads' own maximum).
 MAX_FILTER_LIMIT = 1000
+#: Most patterns holding a ``*`` in one ``types`` / ``not_types`` list, and most runs of
+#: ``*`` (``**`` counts once) over all of them: each event is matched against each such
+#: pattern, one search per run, so these bound what a filter costs an event (at worst
+#: about 0.15 ms per distinct event type, once per type and request).
+#: Patterns without ``*`` are one set lookup whatever their number.
+MAX_WILDCARD_PATTERNS = 16
+MAX_WILDCARDS = 64
 
 
 def _bad(message: str) -> MatrixError:
     return MatrixError(400, Codes.BAD_JSON, message)
 
 
-def _glob(pattern: str) -> re.Pattern[str]:
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+def _type_patterns(definition: Mapping[str, Any], key: str, where: str) -> tuple[str, ...] | None:
+    """A ``types`` / ``not_types`` list, its patterns' sizes bounded."""
+    patterns = _string_list(definition, key, where)
+    if patterns is None:
+        return None
+    if any(len(p) > MAX_GLOB_LENGTH for p in patterns):
+        raise _bad(f"{where}{key}: patterns are limited to {MAX_GLOB_LENGTH} characters")
+    starred = [p for p in set(patterns) if "*" in p]
+    if len(starred) > MAX_WILDCARD_PATTERNS:
+        raise _bad(f"{where}{key}: at most {MAX_WILDCARD_PATTERNS} patterns with '*'")
+    if sum(_star_runs(p) for p in starred) > MAX_WILDCARDS:
+        raise _bad(f"{where}{key}: at most {MAX_WILDCARDS} '*' in all (a run counts once)")
+    return patterns
+
+
+def _star_runs(pattern: str) -> int:
+    return sum(1 for i, c in enumerate(pattern) if c == "*" and (i == 0 or pattern[i - 1] != "*"))
+
+
+@dataclass(frozen=True)
+class _TypeMatcher:
+    """Patterns without ``*`` as a set, the others compiled (:mod:`roomstream.glob`)."""
+
+    exact: frozenset[str]
+    globs: tuple[Glob, ...]
+    #: Answers so far by value: events of a response share a few types. Bounded; a
+    #: filter is parsed per request, so this lives as long as one.
+    _seen: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, patterns: Iterable[str]) -> _TypeMatcher:
+        unique = set(patterns)
+        return cls(
+            frozenset(p for p in unique if "*" not in p),
+            tuple(compile_glob(p) for p in sorted(unique) if "*" in p),
+        )
+
+    def any_matches(self, value: str) -> bool:
+        if value in self.exact:
+            return True
+        if not self.globs:
+            return False
+        known = self._seen.get(value)
+        if known is None:
+            known = any(g.matches(value) for g in self.globs)
+            if len(self._seen) >= 4096:
+                self._seen.clear()
+            self._seen[value] = known
+        return known
 
 
 def _string_list(definition: Mapping[str, Any], key: str, where: str) -> tuple[str, ...] | None:
@@ -79,20 +137,27 @@ def _object(definition: Mapping[str, Any], key: str, where: str) -> Mapping[str,
 @dataclass(frozen=True)
 class EventFilter:
     """Spec ``EventFilter``: ``limit``, ``types``, ``not_types``, ``senders``,
-    ``not_senders``. ``types`` patterns are compiled once."""
+    ``not_senders``. ``types`` patterns are compiled once, the lists made sets."""
 
     limit: int | None = None
     types: tuple[str, ...] | None = None
     not_types: tuple[str, ...] = ()
     senders: tuple[str, ...] | None = None
     not_senders: tuple[str, ...] = ()
-    _types_re: tuple[re.Pattern[str], ...] | None = field(default=None, repr=False)
-    _not_types_re: tuple[re.Pattern[str], ...] = field(default=(), repr=False)
+    _types: _TypeMatcher | None = field(default=None, repr=False, compare=False)
+    _not_types: _TypeMatcher = field(
+        default=_TypeMatcher(frozenset(), ()), repr=False, compare=False
+    )
+    _senders: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    _not_senders: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.types is not None:
-            object.__setattr__(self, "_types_re", tuple(_glob(t) for t in self.types))
-        object.__setattr__(self, "_not_types_re", tuple(_glob(t) for t in self.not_types))
+            object.__setattr__(self, "_types", _TypeMatcher.of(self.types))
+        object.__setattr__(self, "_not_types", _TypeMatcher.of(self.not_types))
+        if self.senders is not None:
+            object.__setattr__(self, "_senders", frozenset(self.senders))
+        object.__setattr__(self, "_not_senders", frozenset(self.not_senders))
 
     @property
     def allows_all(self) -> bool:
@@ -105,14 +170,14 @@ class EventFilter:
         )
 
     def type_allowed(self, event_type: str) -> bool:
-        if any(p.fullmatch(event_type) for p in self._not_types_re):
+        if self._not_types.any_matches(event_type):
             return False
-        return self._types_re is None or any(p.fullmatch(event_type) for p in self._types_re)
+        return self._types is None or self._types.any_matches(event_type)
 
     def sender_allowed(self, sender: str | None) -> bool:
-        if sender is not None and sender in self.not_senders:
+        if sender is not None and sender in self._not_senders:
             return False
-        return self.senders is None or sender in self.senders
+        return self._senders is None or sender in self._senders
 
     def matches(self, event: Mapping[str, Any]) -> bool:
         """Whether ``event`` (a client-format event, or ``{"type", "content"}`` account
@@ -139,6 +204,12 @@ class RoomEventFilter(EventFilter):
     contains_url: bool | None = None
     lazy_load_members: bool = False
     include_redundant_members: bool = False
+    _rooms: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    _not_rooms: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _room_sets(self)
 
     @property
     def allows_all(self) -> bool:
@@ -150,9 +221,9 @@ class RoomEventFilter(EventFilter):
         )
 
     def room_allowed(self, room_id: str) -> bool:
-        if room_id in self.not_rooms:
+        if room_id in self._not_rooms:
             return False
-        return self.rooms is None or room_id in self.rooms
+        return self._rooms is None or room_id in self._rooms
 
     def matches(self, event: Mapping[str, Any]) -> bool:
         if not super().matches(event):
@@ -165,6 +236,13 @@ class RoomEventFilter(EventFilter):
             has_url = isinstance(content, Mapping) and isinstance(content.get("url"), str)
             return has_url == self.contains_url
         return True
+
+
+def _room_sets(target: RoomEventFilter | SyncFilter) -> None:
+    """``rooms`` / ``not_rooms`` as sets: one lookup per event, whatever their length."""
+    if target.rooms is not None:
+        object.__setattr__(target, "_rooms", frozenset(target.rooms))
+    object.__setattr__(target, "_not_rooms", frozenset(target.not_rooms))
 
 
 EMPTY_EVENT_FILTER = EventFilter()
@@ -185,8 +263,8 @@ def _limit(definition: Mapping[str, Any], where: str) -> int | None:
 def _event_filter_fields(definition: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {
         "limit": _limit(definition, where),
-        "types": _string_list(definition, "types", where),
-        "not_types": _string_list(definition, "not_types", where) or (),
+        "types": _type_patterns(definition, "types", where),
+        "not_types": _type_patterns(definition, "not_types", where) or (),
         "senders": _string_list(definition, "senders", where),
         "not_senders": _string_list(definition, "not_senders", where) or (),
     }
@@ -238,26 +316,52 @@ def parse_field_path(path: str) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def project_fields(event: Mapping[str, Any], paths: Iterable[tuple[str, ...]]) -> dict[str, Any]:
+#: ``event_fields`` as a tree of keys: ``None`` takes the whole value there.
+FieldTrie = dict[str, "FieldTrie | None"]
+
+
+def field_trie(paths: Iterable[tuple[str, ...]]) -> FieldTrie:
+    """``paths`` merged into one tree (a path that is a prefix of another takes the
+    whole value, as listing both would)."""
+    root: FieldTrie = {}
+    for path in paths:
+        node = root
+        for key in path[:-1]:
+            child = node.setdefault(key, {})
+            if child is None:
+                break  # a shorter path takes this value whole already
+            node = child
+        else:
+            node[path[-1]] = None
+    return root
+
+
+def _project(source: Mapping[str, Any], trie: FieldTrie) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    # Walk whichever is smaller, so an event costs at most its own size whatever the
+    # number of paths (a filter may list thousands).
+    for key in trie if len(trie) <= len(source) else source:
+        if key not in trie or key not in source:
+            continue
+        below, value = trie[key], source[key]
+        if below is None:
+            result[key] = value
+        elif isinstance(value, Mapping):
+            inner = _project(value, below)
+            if inner:
+                result[key] = inner
+    return result
+
+
+def project_fields(
+    event: Mapping[str, Any], paths: Iterable[tuple[str, ...]] | FieldTrie
+) -> dict[str, Any]:
     """Only the fields of ``event`` that ``paths`` name (with their nested objects made
     of just those fields); fields that are missing, or that a path runs through a
-    non-object to reach, are left out."""
-    result: dict[str, Any] = {}
-    for path in paths:
-        source: Any = event
-        for key in path:
-            if not isinstance(source, Mapping) or key not in source:
-                break
-            source = source[key]
-        else:
-            target = result
-            for key in path[:-1]:
-                existing = target.get(key)
-                if not isinstance(existing, dict):
-                    existing = target[key] = {}
-                target = existing
-            target[path[-1]] = source
-    return result
+    non-object to reach, are left out. ``paths`` may be given as their
+    :func:`field_trie`; the cost is then at most the event's size (recursion: at most
+    the event's nesting, bounded when it was accepted)."""
+    return _project(event, paths if isinstance(paths, dict) else field_trie(paths))
 
 
 @dataclass(frozen=True)
@@ -275,17 +379,25 @@ class SyncFilter:
     room_account_data: RoomEventFilter = EMPTY_ROOM_EVENT_FILTER
     event_fields: tuple[tuple[str, ...], ...] | None = None
     event_format: Literal["client", "federation"] = "client"
+    _rooms: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    _not_rooms: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    _fields: FieldTrie | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _room_sets(self)
+        if self.event_fields is not None:
+            object.__setattr__(self, "_fields", field_trie(self.event_fields))
 
     def room_allowed(self, room_id: str) -> bool:
-        if room_id in self.not_rooms:
+        if room_id in self._not_rooms:
             return False
-        return self.rooms is None or room_id in self.rooms
+        return self._rooms is None or room_id in self._rooms
 
     def project(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``events`` reduced to ``event_fields`` (unchanged without it)."""
-        if self.event_fields is None:
+        if self._fields is None:
             return events
-        return [project_fields(e, self.event_fields) for e in events]
+        return [_project(e, self._fields) for e in events]
 
 
 EMPTY_SYNC_FILTER = SyncFilter()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import orjson
 from aiohttp import web
 
 from roomstream.accounts import Accounts, Requester
@@ -24,6 +23,7 @@ from roomstream.client.sync import SyncHandler, SyncRequest, SyncToken
 from roomstream.errors import Codes, MatrixError
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.tokens import PaginationToken
+from roomstream.replication.http import parse_json_object
 
 __all__ = ["read_routes"]
 
@@ -43,11 +43,8 @@ async def load_filter(store: ClientStore, requester: Requester, raw: str | None)
     return parse_sync_filter(found)
 
 
-def _inline_json(raw: str) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise MatrixError(400, Codes.NOT_JSON, "filter is not JSON") from None
+def _inline_json(raw: str) -> dict[str, Any]:
+    return parse_json_object(raw, "filter")
 
 
 def _token(raw: str | None) -> PaginationToken | None:

@@ -6,8 +6,8 @@ evaluation and counting since the user's read receipt.
 says: kinds ``override``, ``content``, ``room``, ``sender``, ``underride`` in that order,
 the first enabled rule whose conditions all hold decides; ``notify`` in its actions
 counts a notification, a ``highlight`` tweak (value true or missing) a highlight.
-Conditions: ``event_match`` (glob, case-insensitive; on ``content.body`` at word
-boundaries, as Synapse), ``contains_display_name``, ``room_member_count``,
+Conditions: ``event_match`` (glob, case-insensitive, :mod:`roomstream.glob`; on
+``content.body`` at word boundaries, as Synapse), ``contains_display_name``, ``room_member_count``,
 ``sender_notification_permission``, ``event_property_is``, ``event_property_contains``;
 an unknown kind never holds. Events with ``content["m.mentions"]`` skip the legacy
 mention rules (``contains_display_name``, ``contains_user_name``, ``roomnotif``), as the
@@ -26,12 +26,12 @@ import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from roomstream.client.filtering import parse_field_path
 from roomstream.client.pushrules import default_push_rules
 from roomstream.errors import MatrixError
+from roomstream.glob import Glob, compile_glob
 from roomstream.reading import RoomReader
 from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Transaction
@@ -88,21 +88,14 @@ def _value(event: Mapping[str, Any], key: str) -> Any:
     return value
 
 
-@lru_cache(maxsize=1024)
-def _glob(pattern: str, words: bool, literal: bool = False) -> re.Pattern[str]:
-    """``pattern`` (``*``, ``?`` wildcards unless ``literal``) matched case-insensitively:
-    the whole value, or (``words``) anywhere at word boundaries."""
-    if literal:
-        body = re.escape(pattern)
-    else:
-        body = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    if words:
-        return re.compile(rf"(?:^|\W){body}(?:\W|$)", re.IGNORECASE | re.DOTALL)
-    return re.compile(rf"{body}\Z", re.IGNORECASE | re.DOTALL)
+def _glob(pattern: str, literal: bool = False) -> Glob:
+    """``pattern`` (``*``, ``?`` wildcards unless ``literal``) matched case-insensitively
+    (:mod:`roomstream.glob`: no backtracking, cost at most pattern x value length)."""
+    return compile_glob(pattern, wildcards="" if literal else "*?", ignore_case=True)
 
 
 def _matches_words(text: str, pattern: str, literal: bool = False) -> bool:
-    return _glob(pattern, True, literal).search(text) is not None
+    return _glob(pattern, literal).search_words(text)
 
 
 _COUNT_RE = re.compile(r"(==|<=|>=|<|>)?([0-9]+)")
@@ -131,7 +124,7 @@ def _holds(condition: Mapping[str, Any], event: Mapping[str, Any], ctx: PushCont
             return False
         if condition.get("key") == "content.body":
             return _matches_words(value, pattern)
-        return _glob(pattern, False).match(value) is not None
+        return _glob(pattern).matches(value)
     if kind == "contains_display_name":
         body = _value(event, "content.body")
         name = ctx.display_name

@@ -38,7 +38,9 @@ And ``GET /metrics`` (no prefix): Prometheus metrics (:mod:`roomstream.metrics`)
 Errors are Matrix-style JSON bodies ``{"errcode": ..., "error": ...}``, produced in one
 place, :func:`matrix_error_middleware`, which any aiohttp application of roomstream can
 reuse: handlers raise :class:`~roomstream.errors.MatrixError` and never build error
-responses themselves. Invariant: no request is ever answered with a bare (non-JSON) error,
+responses themselves (requests aiohttp's parser refuses before any handler runs are
+answered as JSON by :mod:`roomstream.replication.protocol_errors`, the listener's runner).
+Invariant: no request is ever answered with a bare (non-JSON) error,
 and no input makes a handler answer 500; an unreachable process answers 503
 ``M_UNAVAILABLE`` with ``retry_after_ms``, logged once per outage. When a shared secret is
 configured every request must carry ``Authorization: Bearer <secret>`` (compared in
@@ -65,7 +67,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from roomstream import exactjson
 from roomstream.config import Config
 from roomstream.errors import Codes, MatrixError, ServiceUnavailableError
+from roomstream.events.canonical import MAX_NESTING_DEPTH
 from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
+from roomstream.replication.protocol_errors import JsonErrorAppRunner
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
 
@@ -78,6 +82,7 @@ __all__ = [
     "bearer_auth_middleware",
     "error_response",
     "matrix_error_middleware",
+    "parse_json_object",
     "read_json",
 ]
 
@@ -120,19 +125,33 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, for every roomstream HTTP API; an empty body is
     ``{}`` (clients send none for some POSTs). Refusals are 400 ``M_NOT_JSON`` or
-    ``M_BAD_JSON``."""
+    ``M_BAD_JSON`` (not an object, or nested too deep: :func:`parse_json_object`)."""
     try:
         raw = await request.read()
     except ConnectionResetError:
         raise MatrixError(400, Codes.UNKNOWN, "the client went away") from None
     if not raw.strip():
         return {}
+    return parse_json_object(raw, "content")
+
+
+def parse_json_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    """``raw`` as a JSON object (a body, or JSON in a query parameter: ``what``).
+
+    Nesting is bounded here, once, for everything a request may carry (the bound of event
+    content, :data:`~roomstream.events.canonical.MAX_NESTING_DEPTH`): orjson decodes 1,024
+    levels but encodes only 255, so deeper data accepted would fail whenever it is
+    served again."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise MatrixError(400, Codes.NOT_JSON, f"content not JSON: {exc}") from None
+        raise MatrixError(400, Codes.NOT_JSON, f"{what} not JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise MatrixError(400, Codes.BAD_JSON, "the body must be a JSON object")
+        raise MatrixError(400, Codes.BAD_JSON, f"the {what} must be a JSON object")
+    if exactjson.nested_deeper_than(body, MAX_NESTING_DEPTH):
+        raise MatrixError(
+            400, Codes.BAD_JSON, f"{what} nested deeper than {MAX_NESTING_DEPTH} levels"
+        )
     return body
 
 
@@ -354,7 +373,8 @@ class InternalHttpServer:
         host = host or instance.host
         port = instance.http_port if port is None else port
         quiet_client_protocol_errors()
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # Errors of aiohttp's own parser answered as Matrix JSON too.
+        self._runner = JsonErrorAppRunner(self.app, access_log=None)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port or 0)
         await self._site.start()
