@@ -197,7 +197,7 @@ def validate_pdu_fields(
 
     _check_event_id_list(data, "prev_events")
     _check_event_id_list(data, "auth_events")
-    if room_version.room_id_from_create_event and not is_v12_create:
+    if room_version.room_id_from_create_event and isinstance(room_id, str):
         # v12: the room ID names the create event, which auth_events must not list.
         create_event_id = "$" + room_id[1:]
         if create_event_id in data["auth_events"]:
