@@ -67,9 +67,10 @@ async def test_malformed_ids_are_refused_uploaded_inline_and_for_messages(
         assert (status, body["errcode"]) == (400, "M_BAD_JSON"), definition
     for messages_filter in ({"senders": ["nobody"]}, {"not_rooms": ["room"]}):
         status, body = await homeserver.call(
-            "GET", f"/rooms/{room_id}/messages?dir=b&filter={q(messages_filter)}",
+            "GET",
+            f"/rooms/{room_id}/messages?dir=b&filter={q(messages_filter)}",
             token=alice.token,
-        )  # fmt: skip
+        )
         assert (status, body["errcode"]) == (400, "M_BAD_JSON"), messages_filter
     for definition in GOOD_IDS:
         await homeserver.ok("POST", path, definition, token=alice.token)
@@ -124,9 +125,11 @@ async def test_timeline_limit_zero_is_a_state_only_sync(homeserver: Homeserver) 
     # An uploaded filter with limit 0 does the same.
     filter_id = (
         await homeserver.ok(
-            "POST", f"/user/{alice.user_id}/filter", {"room": {"timeline": {"limit": 0}}},
+            "POST",
+            f"/user/{alice.user_id}/filter",
+            {"room": {"timeline": {"limit": 0}}},
             token=alice.token,
-        )  # fmt: skip
+        )
     )["filter_id"]
     again = await sync(homeserver, alice, filter=filter_id)
     assert again["rooms"]["join"][room_id]["timeline"]["events"] == []
