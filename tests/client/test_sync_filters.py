@@ -35,7 +35,7 @@ async def test_invalid_filters_are_rejected(homeserver: Homeserver) -> None:
         [],
         {"room": []},
         {"room": {"timeline": {"limit": "5"}}},
-        {"room": {"timeline": {"limit": 0}}},
+        {"room": {"timeline": {"limit": -1}}},
         {"room": {"timeline": {"types": "m.room.message"}}},
         {"room": {"timeline": {"senders": [1]}}},
         {"room": {"include_leave": "yes"}},

@@ -18,7 +18,9 @@ Matching (spec and Synapse agree):
 - ``contains_url``: ``true`` keeps only events whose ``content.url`` is a string,
   ``false`` only those without one.
 - ``limit`` bounds the number of events (timeline: the events read before filtering; see
-  ``docs/client_api.md``).
+  ``docs/client_api.md``); 0 is allowed (a timeline limit of 0 is a state-only sync).
+- ``rooms`` / ``not_rooms`` must hold room IDs and ``senders`` / ``not_senders`` user IDs
+  (``M_BAD_JSON`` otherwise, as Synapse refuses them).
 
 :data:`EMPTY_ROOM_EVENT_FILTER` matches everything; :attr:`EventFilter.allows_all` lets
 the callers skip matching altogether (the unfiltered sync pays nothing).
@@ -31,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roomstream.errors import Codes, MatrixError
+from roomstream.events.format import is_valid_room_id, is_valid_user_id
+from roomstream.events.room_versions import ROOM_V11, ROOM_V12
 from roomstream.glob import MAX_GLOB_LENGTH, Glob, compile_glob
 
 __all__ = [
@@ -118,6 +122,25 @@ def _string_list(definition: Mapping[str, Any], key: str, where: str) -> tuple[s
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise _bad(f"{where}{key} must be a list of strings")
     return tuple(value)
+
+
+def _is_room_id(value: str) -> bool:
+    # Filters are not tied to a room version: either form of room ID is one.
+    return is_valid_room_id(value, ROOM_V11) or is_valid_room_id(value, ROOM_V12)
+
+
+def _id_list(
+    definition: Mapping[str, Any], key: str, where: str, kind: Literal["room", "user"]
+) -> tuple[str, ...] | None:
+    """A list of room or user IDs; an entry that is not one is ``M_BAD_JSON`` (as for
+    any malformed filter: such an entry could never match, and the client meant
+    something else)."""
+    values = _string_list(definition, key, where)
+    valid = _is_room_id if kind == "room" else is_valid_user_id
+    for value in values or ():
+        if not valid(value):
+            raise _bad(f"{where}{key}: not a {kind} ID: {value[:80]!r}")
+    return values
 
 
 def _bool(definition: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
@@ -255,8 +278,9 @@ def _limit(definition: Mapping[str, Any], where: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"{where}limit must be an integer")
-    if value < 1:
-        raise _bad(f"{where}limit must be at least 1")
+    if value < 0:
+        # 0 is allowed: a timeline limit of 0 is a state-only sync.
+        raise _bad(f"{where}limit must not be negative")
     return min(value, MAX_FILTER_LIMIT)
 
 
@@ -265,8 +289,8 @@ def _event_filter_fields(definition: Mapping[str, Any], where: str) -> dict[str,
         "limit": _limit(definition, where),
         "types": _type_patterns(definition, "types", where),
         "not_types": _type_patterns(definition, "not_types", where) or (),
-        "senders": _string_list(definition, "senders", where),
-        "not_senders": _string_list(definition, "not_senders", where) or (),
+        "senders": _id_list(definition, "senders", where, "user"),
+        "not_senders": _id_list(definition, "not_senders", where, "user") or (),
     }
 
 
@@ -284,8 +308,8 @@ def parse_room_event_filter(definition: Mapping[str, Any], where: str = "") -> R
         raise _bad(f"{where}contains_url must be a boolean")
     return RoomEventFilter(
         **_event_filter_fields(definition, where),
-        rooms=_string_list(definition, "rooms", where),
-        not_rooms=_string_list(definition, "not_rooms", where) or (),
+        rooms=_id_list(definition, "rooms", where, "room"),
+        not_rooms=_id_list(definition, "not_rooms", where, "room") or (),
         contains_url=contains_url,
         lazy_load_members=_bool(definition, "lazy_load_members", where, False),
         include_redundant_members=_bool(definition, "include_redundant_members", where, False),
@@ -415,8 +439,8 @@ def parse_sync_filter(definition: Any) -> SyncFilter:
     return SyncFilter(
         presence=parse_event_filter(_object(definition, "presence", ""), "presence."),
         account_data=parse_event_filter(_object(definition, "account_data", ""), "account_data."),
-        rooms=_string_list(room, "rooms", "room."),
-        not_rooms=_string_list(room, "not_rooms", "room.") or (),
+        rooms=_id_list(room, "rooms", "room.", "room"),
+        not_rooms=_id_list(room, "not_rooms", "room.", "room") or (),
         include_leave=_bool(room, "include_leave", "room.", False),
         timeline=parse_room_event_filter(_object(room, "timeline", "room."), "room.timeline."),
         state=parse_room_event_filter(_object(room, "state", "room."), "room.state."),

@@ -11,7 +11,7 @@ from typing import Any
 from roomstream.accounts import Accounts, Requester
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.typing import TypingWriter
-from roomstream.client.userdata import UserData
+from roomstream.client.userdata import ToDeviceTransaction, UserData
 from roomstream.errors import ServiceUnavailableError
 
 __all__ = ["ForwardedWrites"]
@@ -65,9 +65,13 @@ class ForwardedWrites:
         await self.data.put_receipt(room_id, receipt_type, user_id, event_id, thread_id)
 
     async def send_to_device(
-        self, sender: str, event_type: str, messages: dict[str, dict[str, Any]]
+        self,
+        sender: str,
+        event_type: str,
+        messages: dict[str, dict[str, Any]],
+        transaction: ToDeviceTransaction | None = None,
     ) -> None:
-        await self.data.send_to_device(sender, event_type, messages)
+        await self.data.send_to_device(sender, event_type, messages, transaction)
 
     async def set_typing(self, room_id: str, user_id: str, typing: bool, timeout_ms: int) -> None:
         if self.typing is None:

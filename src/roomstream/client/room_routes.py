@@ -139,7 +139,9 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
 
     async def delete_alias(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        await rooms.delete_alias(requester, _path_value(request, "alias"))
+        user = await accounts.store.get_user(requester.user_id)
+        is_admin = user is not None and user.admin
+        await rooms.delete_alias(requester, _path_value(request, "alias"), is_admin=is_admin)
         return json_response({})
 
     async def joined_rooms(request: web.Request) -> web.Response:

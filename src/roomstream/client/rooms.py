@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from roomstream.accounts import Requester, parse_user_id
+from roomstream.client.aliases import CANONICAL_ALIAS, AliasRules, canonical_aliases
 from roomstream.client.request import optional
 from roomstream.client.store import ClientStore
 from roomstream.client.writes import RoomWriter
@@ -118,6 +119,7 @@ class RoomService:
         self.events = events
         self.store = store
         self.reader = reader
+        self.alias_rules = AliasRules(server_name, store, events)
         #: Room ID -> (the current state, its ``/state`` answer), least recently used first.
         self._state_json: OrderedDict[str, tuple[StateMap, bytes]] = OrderedDict()
         #: Held for the whole of an idempotent send, per (room, user, device).
@@ -199,6 +201,15 @@ class RoomService:
             alias = self._local_alias(f"#{request.room_alias_name}:{self.server_name}")
             if await self.store.get_alias(alias) is not None:
                 raise MatrixError(400, "M_ROOM_IN_USE", f"room alias {alias} already taken")
+        # Before the room exists: the only alias that can point to it is the one made
+        # with it (room_alias_name).
+        for state in request.initial_state:
+            if state.type == CANONICAL_ALIAS and state.state_key == "":
+                for named in canonical_aliases(state.content):
+                    if named != alias:
+                        raise MatrixError(
+                            400, "M_BAD_ALIAS", f"room alias {named} does not point to the room"
+                        )
         sender = requester.user_id
         public = preset == "public_chat"
         room_id = await self.writer.create_room(
@@ -449,6 +460,9 @@ class RoomService:
         current = await self.current_state_content(room_id, event_type, state_key)
         if current is not None and current[1] == content and current[2] == requester.user_id:
             return current[0]
+        if event_type == CANONICAL_ALIAS and state_key == "":
+            previous = None if current is None else current[1]
+            await self.alias_rules.check_canonical_alias(room_id, content, previous)
         if event_type != "m.room.member":
             await self.require_joined(requester, room_id)
         return await self.writer.send(
@@ -481,12 +495,23 @@ class RoomService:
             raise MatrixError(404, Codes.NOT_FOUND, f"room alias {alias} not found")
         return found[0]
 
-    async def delete_alias(self, requester: Requester, alias: str) -> None:
+    async def delete_alias(
+        self, requester: Requester, alias: str, *, is_admin: bool = False
+    ) -> None:
+        """Its creator, a server admin or who may change the room's canonical alias."""
         found = await self.store.get_alias(self._local_alias(alias))
         if found is None:
             raise MatrixError(404, Codes.NOT_FOUND, f"room alias {alias} not found")
-        if found[1] != requester.user_id:
-            raise MatrixError(403, Codes.FORBIDDEN, "only the alias's creator may delete it")
+        room_id, creator = found
+        if not await self.alias_rules.may_delete(
+            requester.user_id, room_id, creator, is_admin=is_admin
+        ):
+            raise MatrixError(
+                403,
+                Codes.FORBIDDEN,
+                "only the alias's creator, a server admin or who may change the room's"
+                " canonical alias may delete it",
+            )
         await self.store.delete_alias(alias)
 
     # -- room lists --------------------------------------------------------------------

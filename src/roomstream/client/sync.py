@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from roomstream.accounts import Requester
@@ -99,6 +99,29 @@ def _account_events(
 ) -> list[dict[str, Any]]:
     events = [{"type": t, "content": c} for t, c in sorted(by_type.items())]
     return events if only is None or only.allows_all else only.apply(events)
+
+
+def _state_only(timeline: RoomTimeline, now: EventsToken, *, merge: bool) -> RoomTimeline:
+    """A room of a sync whose timeline limit is 0: no timeline events, ``limited`` if
+    there were any, and a ``prev_batch`` from where paginating back finds them. The
+    state is the state after them (spec: the state at the start of the, empty, timeline):
+    ``merge`` (incremental sync, whose state is the state before the events read) adds
+    their state events, later ones replacing earlier ones of the same key; an initial
+    sync's state is already the current state."""
+    state = list(timeline.state)
+    if merge:
+        by_key = {(e.get("type"), e.get("state_key")): e for e in state}
+        for event in timeline.events:
+            if "state_key" in event:
+                by_key[(event.get("type"), event.get("state_key"))] = event
+        state = list(by_key.values())
+    return replace(
+        timeline,
+        events=[],
+        limited=timeline.limited or bool(timeline.events),
+        prev_batch=now if timeline.events else timeline.prev_batch,
+        state=state,
+    )
 
 
 def _kept(only: EventFilter, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -228,11 +251,18 @@ class SyncHandler:
         result = await self.reader.sync(
             user_id,
             None if since is None else since.events,
-            timeline_limit=request.timeline_limit,
+            # A state-only sync (limit 0) reads one event per room, folded into state.
+            timeline_limit=max(1, request.timeline_limit),
             device_id=device_id,
             full_state=request.full_state,
             lazy_members=only.state.lazy_load_members,
         )
+        if request.timeline_limit == 0:
+            for room_id, timeline in result.rooms.items():
+                if timeline.membership != "invite":
+                    result.rooms[room_id] = _state_only(
+                        timeline, result.next_token, merge=since is not None
+                    )
         # Each per-user stream is read only when it moved past the token.
         global_data: dict[str, dict[str, Any]] = {}
         room_data: dict[str, dict[str, dict[str, Any]]] = {}

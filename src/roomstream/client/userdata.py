@@ -24,6 +24,12 @@ __all__ = ["UserData"]
 
 #: To-device messages handed out per sync.
 TO_DEVICE_LIMIT = 100
+#: How long a ``/sendToDevice`` transaction ID is remembered (a retry after that is a
+#: new message); older ones of a device are deleted when it sends again.
+TO_DEVICE_TRANSACTION_KEPT_MS = 24 * 3600 * 1000
+
+#: (sending device, transaction ID) of a ``PUT /sendToDevice``.
+ToDeviceTransaction = tuple[str, str]
 
 
 class UserData:
@@ -185,12 +191,26 @@ class UserData:
     # -- to-device ---------------------------------------------------------------------
 
     async def send_to_device(
-        self, sender: str, event_type: str, messages: Mapping[str, Mapping[str, Any]]
-    ) -> None:
-        """Queue messages for local devices (``*``: every device of the user)."""
-        instance = self.instance_name
+        self,
+        sender: str,
+        event_type: str,
+        messages: Mapping[str, Mapping[str, Any]],
+        transaction: ToDeviceTransaction | None = None,
+    ) -> bool:
+        """Queue messages for local devices (``*``: every device of the user); False if
+        ``transaction`` (the sender's device and transaction ID) was sent before, and
+        nothing was queued.
 
-        def txn(t: Transaction, ids: list[int]) -> None:
+        Idempotent per (sender, device, transaction ID) on every engine and process: the
+        transaction ID is inserted in the messages' own database transaction, and a
+        concurrent duplicate waits on its primary key, then finds it (PostgreSQL), or
+        runs after it (SQLite)."""
+        instance = self.instance_name
+        now_ms = int(time.time() * 1000)
+
+        def txn(t: Transaction, ids: list[int]) -> bool:
+            if transaction is not None and not _record_transaction(t, sender, transaction, now_ms):
+                return False
             rows = []
             for user_id, by_device in messages.items():
                 devices = list(by_device)
@@ -207,8 +227,10 @@ class UserData:
                 " VALUES (?, ?, ?, ?, ?)",
                 [(*r[:4], r[4].decode()) for r in rows],
             )
+            return True
 
-        await self._writer("to_device").run_with_ids(1, txn)
+        _, sent = await self._writer("to_device").run_with_ids(1, txn)
+        return bool(sent)
 
     async def to_device_messages(
         self, user_id: str, device_id: str, acknowledged: int, upto: int
@@ -235,3 +257,20 @@ class UserData:
             return [orjson.loads(r[1]) for r in rows], end
 
         return await self.db.run_interaction(txn)
+
+
+def _record_transaction(
+    t: Transaction, sender: str, transaction: ToDeviceTransaction, now_ms: int
+) -> bool:
+    """Record the sender's transaction ID; False if it was there already."""
+    device_id, txn_id = transaction
+    t.execute(
+        "DELETE FROM to_device_transactions WHERE user_id = ? AND device_id = ? AND created_ts < ?",
+        (sender, device_id, now_ms - TO_DEVICE_TRANSACTION_KEPT_MS),
+    )
+    t.execute(
+        "INSERT INTO to_device_transactions (user_id, device_id, txn_id, created_ts)"
+        " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, device_id, txn_id) DO NOTHING",
+        (sender, device_id, txn_id, now_ms),
+    )
+    return t.rowcount == 1

@@ -172,7 +172,11 @@ def userdata_routes(
                 raise MatrixError(400, Codes.BAD_JSON, "messages: user -> device -> object")
             if not user_id.endswith(":" + accounts.server_name):
                 raise MatrixError(400, Codes.INVALID_PARAM, "only local users can be reached")
-        await writes.send_to_device(requester.user_id, _key(request, "event_type"), messages)
+        # Idempotent per sending device and transaction ID, as PUT /send is.
+        transaction = (requester.device_id, _key(request, "txn_id"))
+        await writes.send_to_device(
+            requester.user_id, _key(request, "event_type"), messages, transaction
+        )
         return json_response({})
 
     async def push_rules(request: web.Request) -> web.Response:

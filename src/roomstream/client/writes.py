@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from roomstream.client.typing import TypingWriter
-from roomstream.client.userdata import UserData
+from roomstream.client.userdata import ToDeviceTransaction, UserData
 from roomstream.config import Config
 from roomstream.errors import MatrixError, ServiceUnavailableError
 from roomstream.events.room_versions import RoomVersion
@@ -213,16 +213,23 @@ class UserDataWriter:
         )
 
     async def send_to_device(
-        self, sender: str, event_type: str, messages: Mapping[str, Mapping[str, Any]]
+        self,
+        sender: str,
+        event_type: str,
+        messages: Mapping[str, Mapping[str, Any]],
+        transaction: ToDeviceTransaction | None = None,
     ) -> None:
+        """Queue the messages once per ``transaction`` (sending device, transaction ID):
+        recorded by the writer with the messages (:meth:`UserData.send_to_device`)."""
         remote = self._remote_writer("to_device", sender)
         if remote is None:
-            await self.data.send_to_device(sender, event_type, messages)
+            await self.data.send_to_device(sender, event_type, messages, transaction)
             return
         assert self.http_client is not None
         plain = {user: {device: dict(c) for device, c in m.items()} for user, m in messages.items()}
         await forwarded_call(
-            remote, self.http_client.client_send_to_device(remote, sender, event_type, plain)
+            remote,
+            self.http_client.client_send_to_device(remote, sender, event_type, plain, transaction),
         )
 
     async def set_typing(self, room_id: str, user_id: str, typing: bool, timeout_ms: int) -> None:

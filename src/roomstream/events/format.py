@@ -8,7 +8,8 @@ Received events (:func:`parse_pdu`), in this order, each failure a ``BadEventErr
 3. canonical JSON of the whole PDU (signatures and ``unsigned`` included, as the spec's
    size limit says) longer than :data:`MAX_PDU_SIZE` bytes          -> ``M_TOO_LARGE``
 4. required keys and their types, identifier grammar, 255-byte key limits, ``redacts``
-   placement, no top-level ``event_id`` (:func:`validate_pdu_fields`) -> ``M_BAD_JSON``
+   placement, no top-level ``event_id``; in v12 no ``room_id`` on the create event and
+   the create event not in ``auth_events`` (:func:`validate_pdu_fields`) -> ``M_BAD_JSON``
    (``type``/``sender``/``room_id``/``state_key`` over 255 bytes     -> ``M_TOO_LARGE``)
 5. content hash mismatch                  -> :class:`ContentHashMismatchError` (``M_BAD_JSON``)
 6. computed event ID differs from ``expected_event_id``              -> ``M_BAD_JSON``
@@ -164,10 +165,13 @@ def validate_pdu_fields(
     is_v12_create = room_version.room_id_from_create_event and event_type == "m.room.create"
     room_id = data.get("room_id")
     if is_v12_create:
-        # The v12 create event has no room_id; one that has one is *rejected* by auth
-        # rule 1.2 (persisted as rejected), which is not a format error.
-        if room_id is not None and type(room_id) is not str:
-            raise _bad("'room_id' must be a string")
+        # The v12 create event has no room_id: its ID names the room. One that carries
+        # one is malformed for the version (as Synapse refuses it), not merely rejected.
+        if "room_id" in data:
+            raise _bad(
+                f"m.room.create events in room version {room_version.identifier}"
+                " must not have a 'room_id'"
+            )
     else:
         if type(room_id) is not str:
             raise _bad("'room_id' must be a string")
@@ -193,6 +197,14 @@ def validate_pdu_fields(
 
     _check_event_id_list(data, "prev_events")
     _check_event_id_list(data, "auth_events")
+    if room_version.room_id_from_create_event and isinstance(room_id, str):
+        # v12: the room ID names the create event, which auth_events must not list.
+        create_event_id = "$" + room_id[1:]
+        if create_event_id in data["auth_events"]:
+            raise _bad(
+                f"'auth_events' must not list the m.room.create event {create_event_id}"
+                f" in room version {room_version.identifier}"
+            )
 
     if "hashes" in data or not local:
         hashes = data.get("hashes")

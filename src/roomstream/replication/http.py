@@ -280,7 +280,11 @@ class ClientWrites(Protocol):
     ) -> None: ...
 
     async def send_to_device(
-        self, sender: str, event_type: str, messages: dict[str, dict[str, Any]]
+        self,
+        sender: str,
+        event_type: str,
+        messages: dict[str, dict[str, Any]],
+        transaction: tuple[str, str] | None = None,
     ) -> None: ...
 
     async def set_typing(
@@ -552,8 +556,17 @@ class InternalHttpServer:
             for device_id, content in by_device.items():
                 if not _is_identifier(device_id) or not isinstance(content, dict):
                     raise MatrixError(400, Codes.BAD_JSON, "messages: user -> device -> object")
+        transaction = None
+        if body.get("txn_id") is not None:
+            transaction = (
+                _field(body, "sender_device", str),
+                _field(body, "txn_id", str),
+            )
         await writes.send_to_device(
-            _identifier_field(body, "sender", sigil="@"), _identifier_field(body, "type"), messages
+            _identifier_field(body, "sender", sigil="@"),
+            _identifier_field(body, "type"),
+            messages,
+            transaction,
         )
         return web.json_response({})
 
@@ -774,8 +787,11 @@ class InternalHttpClient:
         sender: str,
         event_type: str,
         messages: dict[str, dict[str, Any]],
+        transaction: tuple[str, str] | None = None,
     ) -> None:
-        body = {"sender": sender, "type": event_type, "messages": messages}
+        body: dict[str, Any] = {"sender": sender, "type": event_type, "messages": messages}
+        if transaction is not None:
+            body["sender_device"], body["txn_id"] = transaction
         await self._call(instance_name, "POST", "/client/to_device", body=body)
 
     async def client_set_typing(
