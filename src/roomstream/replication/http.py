@@ -65,6 +65,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from roomstream import exactjson
 from roomstream.config import Config
 from roomstream.errors import Codes, MatrixError, ServiceUnavailableError
+from roomstream.listener import GuardedAppRunner
 from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
@@ -354,7 +355,8 @@ class InternalHttpServer:
         host = host or instance.host
         port = instance.http_port if port is None else port
         quiet_client_protocol_errors()
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # Header/body/idle timeouts and a per-address cap (roomstream.listener).
+        self._runner = GuardedAppRunner(self.app, self.config.http, access_log=None)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port or 0)
         await self._site.start()
