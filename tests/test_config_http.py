@@ -37,3 +37,13 @@ def test_bad_http_limits_are_one_line_each(section: dict[str, object], line: str
     with pytest.raises(ConfigError) as raised:
         parse_config({"http": section})
     assert raised.value.problems == [line]
+
+
+def test_cache_sizes_default_and_parse() -> None:
+    from roomstream.config import CachesConfig
+
+    assert parse_config({}).caches == CachesConfig(20_000, 20_000)
+    assert parse_config({"caches": {"events": 5}}).caches == CachesConfig(5, 20_000)
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"caches": {"formatted_events": 0}})
+    assert raised.value.problems == ["caches.formatted_events must be positive, not 0"]

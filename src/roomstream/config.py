@@ -27,6 +27,9 @@ Example (every key optional)::
       idle_timeout: 60             # seconds a connection may wait with no request
       max_connections_per_address: 256   # more from one address are closed at once
                                    # (behind a reverse proxy: its connections count)
+    caches:                        # entries each process keeps in memory (its memory
+      events: 20000                # levels off once they are full: ~2.5 KB per event,
+      formatted_events: 20000      # ~0.5 KB per formatted one)
 """
 
 from __future__ import annotations
@@ -88,6 +91,17 @@ class HttpConfig:
 
 
 @dataclass(frozen=True)
+class CachesConfig:
+    """How many entries each process's caches of served events keep (least recently
+    used first out). A process's memory levels off once they are full."""
+
+    #: Parsed events (roomstream.rooms.store.EventStore).
+    events: int = 20_000
+    #: Events in the client format (roomstream.reading.RoomReader).
+    formatted_events: int = 20_000
+
+
+@dataclass(frozen=True)
 class RedisConfig:
     host: str = "127.0.0.1"
     port: int = 6379
@@ -105,6 +119,7 @@ class Config:
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    caches: CachesConfig = field(default_factory=CachesConfig)
     enable_registration: bool = True
     #: `roomstream run` also runs the views streaming job (one process of a deployment
     #: should: they share the view tables); `--views` / `--no-views` override it.
@@ -185,6 +200,8 @@ _POSITIVE = frozenset(
         "body_timeout",
         "idle_timeout",
         "max_connections_per_address",
+        "events",
+        "formatted_events",
     }
 )
 
@@ -268,6 +285,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
     replication = _section(ReplicationConfig, raw.get("replication"), "replication", problems)
     redis = _section(RedisConfig, raw.get("redis"), "redis", problems)
     http = _section(HttpConfig, raw.get("http"), "http", problems)
+    caches = _section(CachesConfig, raw.get("caches"), "caches", problems)
     enable_registration = raw.get("enable_registration", True)
     if not isinstance(enable_registration, bool):
         problems.append(f"enable_registration must be true or false, not {enable_registration!r}")
@@ -288,6 +306,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         replication=replication,
         redis=redis,
         http=http,
+        caches=caches,
     )
     data_dir_problem = _path_problem(data_dir, directory=True)
     if data_dir_problem and isinstance(raw.get("data_dir", "data"), str):

@@ -51,11 +51,13 @@ class RoomEngine:
         server_name: str,
         instance_name: str,
         signing_key: SigningKey,
+        *,
+        event_cache_size: int = 20_000,
     ) -> None:
         self.db = database
         self.streams = streams
         self.server_name = server_name
-        self.store = EventStore(database)
+        self.store = EventStore(database, event_cache_size)
         self.persister = EventPersister(self.store, streams, instance_name)
         self.creator = LocalEventCreator(self.persister, server_name, signing_key)
         self.keys = ServerKeyStore(database, local_key_map(server_name, signing_key))
@@ -74,7 +76,14 @@ class RoomEngine:
             raise
         key = load_or_create_signing_key(config.data_dir, config.server_name)
         shorten_switch_interval()  # see roomstream.state.cooperative
-        engine = cls(database, streams, config.server_name, config.instance_name, key)
+        engine = cls(
+            database,
+            streams,
+            config.server_name,
+            config.instance_name,
+            key,
+            event_cache_size=config.caches.events,
+        )
         # In the background, in bounded transactions: the rooms fill while we serve.
         try:
             engine.visibility_backfill = await run_pending_in_background(database)
