@@ -6,7 +6,8 @@
   1.5 MB per such connection until a late cyclic garbage collection, so one round alone
   grew it by about 90 MB and twelve rounds of 200 by 950 MB).
 - A request whose headers dribble in one byte at a time is closed after the header
-  timeout; one that declares a body and does not send it, after the body timeout.
+  timeout; one that declares a body and does not send it, after the body timeout; a
+  connection with no request in flight, after the idle timeout.
 - Connections above the per-address cap are closed at once, while the address's other
   connections, other addresses, and a new connection once one has ended are served.
 """
@@ -31,6 +32,7 @@ from tests.ports import free_port
 
 HEADER_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.0
+IDLE_TIMEOUT = 1.0
 PER_ADDRESS = 4
 #: How much a process's resident memory may grow over all the garbage rounds (it grew
 #: by about 90 MB per round before the fix; it grows by about 1 MB after it).
@@ -51,9 +53,10 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def run_server(
-    db_config: DatabaseConfig, tmp_path: Path, per_address: int
+    db_config: DatabaseConfig, tmp_path: Path, per_address: int, idle_timeout: float
 ) -> AsyncIterator[Server]:
-    """``roomstream run`` with short header and body timeouts and ``per_address``."""
+    """``roomstream run`` with short header and body timeouts, ``per_address`` and
+    ``idle_timeout``."""
     database: dict[str, Any] = {"engine": db_config.engine}
     if db_config.engine == "sqlite":
         database["path"] = str(tmp_path / "server.db")
@@ -68,8 +71,7 @@ async def run_server(
         "http": {
             "header_timeout": HEADER_TIMEOUT,
             "body_timeout": BODY_TIMEOUT,
-            # Long: a close within CLOSE_WITHIN is the header or body timeout's doing.
-            "idle_timeout": 300,
+            "idle_timeout": idle_timeout,
             "max_connections_per_address": per_address,
         },
     }
@@ -87,14 +89,15 @@ async def run_server(
 
 @pytest.fixture
 async def server(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[Server]:
-    async with run_server(db_config, tmp_path, PER_ADDRESS) as running:
+    # A long idle timeout: a close within CLOSE_WITHIN is the header or body timeout's.
+    async with run_server(db_config, tmp_path, PER_ADDRESS, 300) as running:
         yield running
 
 
 @pytest.fixture
 async def roomy_server(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[Server]:
-    """A cap above one garbage round's connections."""
-    async with run_server(db_config, tmp_path, 2 * ROUND_CONNECTIONS) as running:
+    """A cap above one garbage round's connections; a short idle timeout."""
+    async with run_server(db_config, tmp_path, 2 * ROUND_CONNECTIONS, IDLE_TIMEOUT) as running:
         yield running
 
 
@@ -178,6 +181,19 @@ async def test_garbage_rounds_do_not_grow_the_process(roomy_server: Server) -> N
     writer.close()
 
 
+async def test_idle_connections_are_closed(roomy_server: Server) -> None:
+    silent = await connect(roomy_server.port)  # never sends a byte
+    used = await connect(roomy_server.port)
+    await versions_on(*used)  # idle from its answer on
+    started = time.monotonic()
+    for reader, writer in (silent, used):
+        try:
+            assert await closed_by_server(reader) == b""
+        finally:
+            writer.close()
+    assert time.monotonic() - started < CLOSE_WITHIN
+
+
 async def test_headers_dribbled_byte_by_byte_are_cut_off(server: Server) -> None:
     reader, writer = await connect(server.port)
     request = b"GET /_matrix/client/versions HTTP/1.1\r\n" + b"X-Slow: " + b"a" * 4000
@@ -221,7 +237,7 @@ async def test_a_declared_body_that_never_comes_is_cut_off(server: Server) -> No
         answer = b""
     finally:
         writer.close()
-    assert HEADER_TIMEOUT * 0.9 <= time.monotonic() - started < CLOSE_WITHIN
+    assert BODY_TIMEOUT * 0.9 <= time.monotonic() - started < CLOSE_WITHIN
     assert not answer.startswith(b"HTTP/1.1 200"), answer
     reader, writer = await connect(server.port)
     await versions_on(reader, writer)
