@@ -79,3 +79,35 @@ def test_event_lru_matches_a_naive_list(size: int, operations: list[tuple[bool, 
             naive.append(key)
         assert len(cache) <= size
         assert list(cache) == [str(k) for k in naive]
+
+
+async def test_room_locks_are_kept_only_while_in_use(database: Database, tmp_path: Path) -> None:
+    """The writer's per-room locks: one lock per room while it is held or awaited, and
+    none kept for rooms no longer being written (they grew with every room before)."""
+    import asyncio
+
+    streams = await StreamSet.open(database, "main", {})
+    key = load_or_create_signing_key(tmp_path / "keys", SERVER)
+    engine = RoomEngine(database, streams, SERVER, "main", key)
+    persister = engine.persister
+    for _ in range(3):
+        await engine.creator.create_room(ALICE, preset=RoomPreset.PUBLIC_CHAT)
+    assert len(persister._locks) == 0
+    first = persister.room_lock("!a:x")
+    entered = asyncio.Event()
+    order: list[str] = []
+
+    async def second() -> None:
+        entered.set()
+        async with persister.room_lock("!a:x"):
+            order.append("second")
+
+    async with first:
+        task = asyncio.create_task(second())
+        await entered.wait()
+        assert persister.room_lock("!a:x") is first  # the same lock while held
+        order.append("first")
+    await task
+    assert order == ["first", "second"]
+    del first
+    assert len(persister._locks) == 0
