@@ -24,7 +24,7 @@ Example (every key optional)::
     http:                          # limits of every HTTP listener, per connection
       header_timeout: 10           # seconds from a request's first byte to its last header
       body_timeout: 30             # seconds from the headers to the last byte of the body
-      idle_timeout: 60             # seconds a connection may wait with no request
+      idle_timeout: 75             # seconds a connection may wait with no request
       max_connections_per_address: 256   # more from one address are closed at once
                                    # (behind a reverse proxy: its connections count)
     caches:                        # entries each process keeps in memory (its memory
@@ -85,7 +85,7 @@ class HttpConfig:
     #: Seconds from the end of a request's headers until the last byte of its body.
     body_timeout: float = 30.0
     #: Seconds a connection may stay open with no request in flight (keep-alive).
-    idle_timeout: float = 60.0
+    idle_timeout: float = 75.0
     #: Open connections one client address may hold; further ones are closed at once.
     max_connections_per_address: int = 256
 
