@@ -12,7 +12,7 @@ order and ``make lint`` checks it (README, "Layout"):
 - ``replication``, ``pipelines`` (Spark), ``sliding`` (sliding sync's model);
 - ``reading`` (the read side), ``accounts`` (users, devices, tokens);
 - ``rooms``: persisting and creating room events;
-- ``state``, ``caches``;
+- ``state``, ``caches``, ``listener`` (aiohttp listeners with limits);
 - ``events``, ``config``;
 - ``streams``;
 - ``storage``;

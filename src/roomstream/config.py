@@ -21,6 +21,15 @@ Example (every key optional)::
                                    # `roomstream register` still creates users)
     run_views_job: false           # `roomstream run` also runs the views streaming job
                                    # (the directory endpoints' data); `make run` does
+    http:                          # limits of every HTTP listener, per connection
+      header_timeout: 10           # seconds from a request's first byte to its last header
+      body_timeout: 30             # seconds from the headers to the last byte of the body
+      idle_timeout: 75             # seconds a connection may wait with no request
+      max_connections_per_address: 256   # more from one address are closed at once
+                                   # (behind a reverse proxy: its connections count)
+    caches:                        # entries each process keeps in memory (its memory
+      events: 20000                # levels off once they are full: ~2.5 KB per event,
+      formatted_events: 20000      # ~0.5 KB per formatted one)
 """
 
 from __future__ import annotations
@@ -68,6 +77,31 @@ class ReplicationConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """What one connection to an HTTP listener may cost (roomstream.listener)."""
+
+    #: Seconds from a request's first byte until its request line and headers are complete.
+    header_timeout: float = 10.0
+    #: Seconds from the end of a request's headers until the last byte of its body.
+    body_timeout: float = 30.0
+    #: Seconds a connection may stay open with no request in flight (keep-alive).
+    idle_timeout: float = 75.0
+    #: Open connections one client address may hold; further ones are closed at once.
+    max_connections_per_address: int = 256
+
+
+@dataclass(frozen=True)
+class CachesConfig:
+    """How many entries each process's caches of served events keep (least recently
+    used first out). A process's memory levels off once they are full."""
+
+    #: Parsed events (roomstream.rooms.store.EventStore).
+    events: int = 20_000
+    #: Events in the client format (roomstream.reading.RoomReader).
+    formatted_events: int = 20_000
+
+
+@dataclass(frozen=True)
 class RedisConfig:
     host: str = "127.0.0.1"
     port: int = 6379
@@ -84,6 +118,8 @@ class Config:
     instances: dict[str, InstanceConfig] = field(default_factory=dict)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     redis: RedisConfig = field(default_factory=RedisConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    caches: CachesConfig = field(default_factory=CachesConfig)
     enable_registration: bool = True
     #: `roomstream run` also runs the views streaming job (one process of a deployment
     #: should: they share the view tables); `--views` / `--no-views` override it.
@@ -154,7 +190,20 @@ def _section(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
 
 
 #: Numeric keys that must be above zero.
-_POSITIVE = frozenset({"pool_min", "pool_max", "ping_timeout", "max_outbound_lines"})
+_POSITIVE = frozenset(
+    {
+        "pool_min",
+        "pool_max",
+        "ping_timeout",
+        "max_outbound_lines",
+        "header_timeout",
+        "body_timeout",
+        "idle_timeout",
+        "max_connections_per_address",
+        "events",
+        "formatted_events",
+    }
+)
 
 
 def _range_problem(key: str, value: Any) -> str | None:
@@ -235,6 +284,8 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         instances = {"main": InstanceConfig(replication_port=9092, http_port=8008)}
     replication = _section(ReplicationConfig, raw.get("replication"), "replication", problems)
     redis = _section(RedisConfig, raw.get("redis"), "redis", problems)
+    http = _section(HttpConfig, raw.get("http"), "http", problems)
+    caches = _section(CachesConfig, raw.get("caches"), "caches", problems)
     enable_registration = raw.get("enable_registration", True)
     if not isinstance(enable_registration, bool):
         problems.append(f"enable_registration must be true or false, not {enable_registration!r}")
@@ -254,6 +305,8 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         instances=instances,
         replication=replication,
         redis=redis,
+        http=http,
+        caches=caches,
     )
     data_dir_problem = _path_problem(data_dir, directory=True)
     if data_dir_problem and isinstance(raw.get("data_dir", "data"), str):

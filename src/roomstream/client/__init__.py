@@ -70,7 +70,9 @@ class ClientProcess:
             forward_end_sessions=forward_end_sessions,
         )
         self.store = ClientStore(engine.db)
-        self.reader = RoomReader.for_engine(engine)
+        self.reader = RoomReader.for_engine(
+            engine, format_cache_size=config.caches.formatted_events
+        )
         self.rooms = RoomService(
             config.server_name,
             RoomWriter(config, engine.creator, http_client),

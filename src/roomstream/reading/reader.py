@@ -374,7 +374,10 @@ class RoomReader:
         clock: Callable[[], float] = time.time,
         include_age: bool = True,
         change_cache_size: int = 100_000,
-        format_cache_size: int = 50_000,
+        # As many as the event cache's (EventStore; both are `caches` in the
+        # configuration): a process's memory for served events levels off once that many
+        # distinct events have been served (bench/bench_memory.py).
+        format_cache_size: int = 20_000,
     ) -> None:
         self.store = store
         self.db = store.db

@@ -39,7 +39,7 @@ Errors are Matrix-style JSON bodies ``{"errcode": ..., "error": ...}``, produced
 place, :func:`matrix_error_middleware`, which any aiohttp application of roomstream can
 reuse: handlers raise :class:`~roomstream.errors.MatrixError` and never build error
 responses themselves (requests aiohttp's parser refuses before any handler runs are
-answered as JSON by :mod:`roomstream.replication.protocol_errors`, the listener's runner).
+answered as JSON by :mod:`roomstream.listener`, the listener's runner).
 Invariant: no request is ever answered with a bare (non-JSON) error,
 and no input makes a handler answer 500; an unreachable process answers 503
 ``M_UNAVAILABLE`` with ``retry_after_ms``, logged once per outage. When a shared secret is
@@ -68,8 +68,8 @@ from roomstream import exactjson
 from roomstream.config import Config
 from roomstream.errors import Codes, MatrixError, ServiceUnavailableError
 from roomstream.events.canonical import MAX_NESTING_DEPTH
+from roomstream.listener import GuardedAppRunner
 from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
-from roomstream.replication.protocol_errors import JsonErrorAppRunner
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
 
@@ -377,8 +377,9 @@ class InternalHttpServer:
         host = host or instance.host
         port = instance.http_port if port is None else port
         quiet_client_protocol_errors()
-        # Errors of aiohttp's own parser answered as Matrix JSON too.
-        self._runner = JsonErrorAppRunner(self.app, access_log=None)
+        # Timeouts, a per-address cap, and aiohttp's own refusals answered as Matrix
+        # JSON (roomstream.listener).
+        self._runner = GuardedAppRunner(self.app, self.config.http, access_log=None)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port or 0)
         await self._site.start()

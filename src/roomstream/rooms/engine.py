@@ -45,11 +45,12 @@ class RoomEngine:
         signing_key: SigningKey,
         *,
         participants: Sequence[PersistParticipant] = (),
+        event_cache_size: int = 20_000,
     ) -> None:
         self.db = database
         self.streams = streams
         self.server_name = server_name
-        self.store = EventStore(database)
+        self.store = EventStore(database, event_cache_size)
         self.persister = EventPersister(
             self.store, streams, instance_name, participants=participants
         )
@@ -84,6 +85,7 @@ class RoomEngine:
             config.instance_name,
             key,
             participants=participants,
+            event_cache_size=config.caches.events,
         )
 
     async def close(self) -> None:

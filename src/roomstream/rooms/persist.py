@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -330,7 +331,10 @@ class EventPersister:
         self.db = store.db
         self.streams = streams
         self.instance_name = instance_name
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # Only rooms being written hold a lock: every holder and waiter references it, so
+        # mutual exclusion is kept, and it goes once the last of them lets go (a lock per
+        # room ever written would grow with the rooms forever).
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._rooms = LruCache(room_cache_size)
         self._states = LruCache(state_cache_size)  # str(group id) -> StateMap
         # Decided but not yet committed: the queue, and its events by ID (later events
@@ -342,7 +346,10 @@ class EventPersister:
         self.participants: tuple[PersistParticipant, ...] = tuple(participants)
 
     def room_lock(self, room_id: str) -> asyncio.Lock:
-        return self._locks[room_id]
+        lock = self._locks.get(room_id)
+        if lock is None:
+            lock = self._locks[room_id] = asyncio.Lock()
+        return lock
 
     # -- public API ------------------------------------------------------------------
 
