@@ -59,6 +59,7 @@ from roomstream.events.format import build_event_dict, finalise_local_event
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion
 from roomstream.events.signing import SigningKey, load_or_create_signing_key
+from roomstream.reading import read_side_participants
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
@@ -195,7 +196,9 @@ async def open_bench(engine_name: EngineName, workdir: Path) -> AsyncIterator[Be
         try:
             await prepare_database(db)
             streams = await StreamSet.open(db, "main", {})
-            engine = RoomEngine(db, streams, SERVER, "main", local_key)
+            engine = RoomEngine(
+                db, streams, SERVER, "main", local_key, participants=read_side_participants()
+            )
             yield Bench(engine_name, db, engine, remote_key, dsn)
         finally:
             await db.close()

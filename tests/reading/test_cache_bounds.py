@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roomstream.events.signing import load_or_create_signing_key
-from roomstream.reading import RoomReader
+from roomstream.reading import RoomReader, read_side_participants
 from roomstream.reading.reader import RoomReader as ReaderClass
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
@@ -39,7 +39,9 @@ async def test_served_events_are_cached_within_the_bounds(
 ) -> None:
     streams = await StreamSet.open(database, "main", {})
     key = load_or_create_signing_key(tmp_path / "keys", SERVER)
-    engine = RoomEngine(database, streams, SERVER, "main", key)
+    engine = RoomEngine(
+        database, streams, SERVER, "main", key, participants=read_side_participants()
+    )
     engine.store._events.max_size = BOUND  # the store the reader reads through
     reader = RoomReader.for_engine(engine, include_age=False, format_cache_size=BOUND)
     room_id, _ = await engine.creator.create_room(ALICE, preset=RoomPreset.PUBLIC_CHAT)
@@ -88,7 +90,9 @@ async def test_room_locks_are_kept_only_while_in_use(database: Database, tmp_pat
 
     streams = await StreamSet.open(database, "main", {})
     key = load_or_create_signing_key(tmp_path / "keys", SERVER)
-    engine = RoomEngine(database, streams, SERVER, "main", key)
+    engine = RoomEngine(
+        database, streams, SERVER, "main", key, participants=read_side_participants()
+    )
     persister = engine.persister
     for _ in range(3):
         await engine.creator.create_room(ALICE, preset=RoomPreset.PUBLIC_CHAT)

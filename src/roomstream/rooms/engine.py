@@ -44,7 +44,7 @@ class RoomEngine:
         instance_name: str,
         signing_key: SigningKey,
         *,
-        participants: Sequence[PersistParticipant] = (),
+        participants: Sequence[PersistParticipant],
         event_cache_size: int = 20_000,
     ) -> None:
         self.db = database
@@ -62,13 +62,14 @@ class RoomEngine:
 
     @classmethod
     async def open(
-        cls, config: Config, *, participants: Sequence[PersistParticipant] = ()
+        cls, config: Config, *, participants: Sequence[PersistParticipant]
     ) -> RoomEngine:
         """Open the configured database (migrated), streams and signing key.
 
         ``participants`` record in every persisted batch's transaction (see
         :mod:`roomstream.rooms.participants`); the process assembly passes the read
-        side's (``roomstream.homeserver.open_room_engine``)."""
+        side's (``roomstream.homeserver.open_room_engine``). Required, so that nothing
+        builds an engine whose events the read side never learns of by forgetting it."""
         database = connect(config.database)
         try:
             await prepare_database(database)
