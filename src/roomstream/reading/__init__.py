@@ -19,6 +19,7 @@ from roomstream.reading.results import (
     PaginationChunk,
     RoomPage,
     RoomsCursor,
+    RoomStateView,
     RoomTimeline,
     SyncResult,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "RoomPage",
     "RoomPosition",
     "RoomReader",
+    "RoomStateView",
     "RoomTimeline",
     "RoomsCursor",
     "SyncResult",
