@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tests.client.conftest import Homeserver, User
@@ -19,11 +21,27 @@ async def _send(hs: Homeserver, user: User, room_id: str, text: str) -> str:
     return str(result["event_id"])
 
 
-async def _until_waiting(hs: Homeserver, user: User) -> None:
-    """Until a long poll of ``user`` waits on the notifier (a condition, polled)."""
-    async with asyncio.timeout(30):
-        while not hs.process.notifier._waiters.get("u" + user.user_id):
-            await asyncio.sleep(0.005)
+def _signal_waits(hs: Homeserver) -> asyncio.Event:
+    """An event set when a long poll has read, found nothing, and starts waiting on the
+    notifier (so that what happens next can only reach it by a wake)."""
+    notifier = hs.process.notifier
+    original_listen = notifier.listen
+    waiting = asyncio.Event()
+
+    @contextmanager
+    def listen(user_id: str, room_ids: Any) -> Iterator[Any]:
+        with original_listen(user_id, room_ids) as waiter:
+            original_wait = waiter.wait
+
+            async def wait(seconds: float) -> bool:
+                waiting.set()
+                return await original_wait(seconds)
+
+            waiter.wait = wait  # type: ignore[method-assign]
+            yield waiter
+
+    notifier.listen = listen  # type: ignore[method-assign]
+    return waiting
 
 
 def _by_room(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -96,8 +114,9 @@ async def test_events_long_polls_and_shows_only_what_the_user_may_see(
     start = (await hs.ok("GET", "/events?timeout=0", token=bob.token))["end"]
 
     # A long poll, waiting (registered with the notifier) before the sends, is woken.
+    waiting = _signal_waits(hs)
     poll = asyncio.create_task(hs.ok("GET", f"/events?from={start}&timeout=60000", token=bob.token))
-    await _until_waiting(hs, bob)
+    await waiting.wait()
     await _send(hs, alice, elsewhere, "not for bob")
     sent = await _send(hs, alice, shared, "for bob")
     woken = await asyncio.wait_for(poll, 30)
