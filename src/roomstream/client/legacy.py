@@ -167,7 +167,8 @@ class LegacyReads:
                 memberships=memberships,
                 device_id=requester.device_id,
             )
-            end = end or page.token
+            if end is None:  # the first page's: no event after it is missed
+                end = page.token
             timelines.extend(page.rooms)
             cursor = page.next_cursor
             if cursor is None:
