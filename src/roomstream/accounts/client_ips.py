@@ -13,8 +13,8 @@ reports are coalesced in memory and written in batches:
 
 Invariants: the table holds one row per (user, device, IP) with the latest ``last_seen``
 written (an older write never replaces a newer one); the memory is bounded
-(:data:`MAX_PENDING` pending keys, :data:`MAX_RECENT` remembered ones). A process that
-stops loses at most its last unwritten batch (a few seconds of "last seen" times).
+(:data:`MAX_PENDING` pending keys, :data:`MAX_RECENT` remembered ones). A process
+writes its pending batch as it stops; one killed loses it (a few seconds of times).
 Each process writes its own requests' rows (PostgreSQL is shared by every process of a
 deployment); the ``USER_IP`` replication command is not used for this.
 """
