@@ -184,6 +184,7 @@ QUERY = [
     "set_presence",
     "access_token",
     "archived",
+    "room_id",
 ]
 query_values = st.one_of(
     st.text(max_size=20),

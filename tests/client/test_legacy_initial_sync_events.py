@@ -144,6 +144,52 @@ async def test_events_long_polls_and_shows_only_what_the_user_may_see(
     assert (status, body["errcode"]) == (404, "M_NOT_FOUND")
 
 
+async def test_events_of_one_room_for_a_peeker(homeserver: Homeserver) -> None:
+    """``/events?room_id=``: matrix-js-sdk's peek follows a ``world_readable`` room the
+    user is not in so; a room it may not read is refused."""
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    room_id = (await hs.ok("POST", "/createRoom", {"preset": "public_chat"}, token=alice.token))[
+        "room_id"
+    ]
+    other = (await hs.ok("POST", "/createRoom", {"preset": "public_chat"}, token=alice.token))[
+        "room_id"
+    ]
+    status, body = await hs.call("GET", f"/events?room_id={room_id}&timeout=0", token=bob.token)
+    assert (status, body["errcode"]) == (403, "M_FORBIDDEN")
+    await hs.ok(
+        "PUT",
+        f"/rooms/{room_id}/state/m.room.history_visibility/",
+        {"history_visibility": "world_readable"},
+        token=alice.token,
+    )
+    peek = await hs.ok("GET", f"/rooms/{room_id}/initialSync", token=bob.token)
+    end = peek["messages"]["end"]
+    waiting = _signal_waits(hs)
+    poll = asyncio.create_task(
+        hs.ok("GET", f"/events?room_id={room_id}&from={end}&timeout=60000", token=bob.token)
+    )
+    await waiting.wait()
+    await _send(hs, alice, other, "elsewhere")
+    first = await _send(hs, alice, room_id, "one")
+    woken = await asyncio.wait_for(poll, 30)
+    assert [e["event_id"] for e in woken["chunk"]] == [first]
+    second = await _send(hs, alice, room_id, "two")
+    third = await _send(hs, alice, room_id, "three")
+    following = await hs.ok(
+        "GET", f"/events?room_id={room_id}&from={woken['end']}&timeout=0", token=bob.token
+    )
+    assert [e["event_id"] for e in following["chunk"]] == [second, third]
+    # More than `limit`: the latest ones.
+    latest = await hs.ok(
+        "GET", f"/events?room_id={room_id}&from={end}&timeout=0&limit=2", token=bob.token
+    )
+    assert [e["event_id"] for e in latest["chunk"]] == [second, third]
+    status, body = await hs.call("GET", "/events?room_id=nope&timeout=0", token=bob.token)
+    assert (status, body["errcode"]) == (400, "M_INVALID_PARAM")
+
+
 async def test_refusals_and_bad_input(homeserver: Homeserver) -> None:
     alice = await homeserver.register("alice")
     for path in ("/initialSync", "/events?timeout=0", "/events/$x"):

@@ -67,17 +67,23 @@ class LegacyReads:
     async def room_aliases(self, requester: Requester, room_id: str) -> list[str]:
         """This server's aliases of the room, for a member or anyone when the room is
         ``world_readable`` (403 otherwise, as Synapse)."""
-        if await self.event_store.get_membership(room_id, requester.user_id) != "join":
-            entry = await self.event_store.get_current_state_entry(
-                room_id, ("m.room.history_visibility", "")
-            )
-            event = None if entry is None else await self.event_store.get_event(entry)
-            content = {} if event is None else event.data.get("content") or {}
-            if content.get("history_visibility") != "world_readable":
-                raise MatrixError(
-                    403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
-                )
+        await self._require_member_or_world_readable(requester, room_id)
         return await self.store.get_aliases(room_id)
+
+    async def _require_member_or_world_readable(self, requester: Requester, room_id: str) -> None:
+        """403 unless the user is joined to the room or its history is ``world_readable``
+        now (Synapse's ``check_user_in_room_or_world_readable``)."""
+        if await self.event_store.get_membership(room_id, requester.user_id) == "join":
+            return
+        entry = await self.event_store.get_current_state_entry(
+            room_id, ("m.room.history_visibility", "")
+        )
+        event = None if entry is None else await self.event_store.get_event(entry)
+        content = {} if event is None else event.data.get("content") or {}
+        if content.get("history_visibility") != "world_readable":
+            raise MatrixError(
+                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
+            )
 
     # -- GET /rooms/{id}/initialSync ---------------------------------------------------
 
@@ -212,30 +218,68 @@ class LegacyReads:
     # -- GET /events -------------------------------------------------------------------
 
     async def events(
-        self, requester: Requester, since: EventsToken | None, timeout_ms: int, limit: int
+        self,
+        requester: Requester,
+        since: EventsToken | None,
+        timeout_ms: int,
+        limit: int,
+        room_id: str | None = None,
     ) -> dict[str, Any]:
         """The old event stream: the events the user may see that completed after
         ``since`` (None: now), oldest first, in the rooms they are in and their own
         membership events anywhere; waits up to ``timeout_ms`` for some, woken by the
         notifier that wakes ``/sync``. At most ``limit`` events per room: a room with
-        more skips to its latest ones, as a limited ``/sync`` timeline does."""
+        more skips to its latest ones, as a limited ``/sync`` timeline does.
+
+        ``room_id``: that room's events only, for a member or anyone when the room is
+        ``world_readable`` (403 otherwise): matrix-js-sdk's peek follows a room so, after
+        its room ``initialSync`` (as Synapse)."""
         user_id = requester.user_id
         start = since if since is not None else self.reader.current_token()
+        if room_id is not None:
+            await self._require_member_or_world_readable(requester, room_id)
+            rooms = [room_id]
+        else:
+            rooms = await self.event_store.get_rooms_for_user(user_id)
         deadline = time.monotonic() + min(timeout_ms, MAX_EVENTS_TIMEOUT_MS) / 1000
-        rooms = await self.event_store.get_rooms_for_user(user_id)
         with self.notifier.listen(user_id, rooms) as waiter:
             while True:
-                result = await self.reader.sync(
-                    user_id, start, timeline_limit=limit, device_id=requester.device_id
-                )
-                chunk = _stream_chunk(
-                    [t.events for t in result.rooms.values()], result.membership_changes
-                )
+                if room_id is None:
+                    chunk, end = await self._new_events(requester, start, limit)
+                else:
+                    chunk, end = await self._new_room_events(requester, room_id, start, limit)
                 remaining = deadline - time.monotonic()
                 if chunk or remaining <= 0:
                     break
                 await waiter.wait(remaining)
-        return {"chunk": chunk, "start": start.to_string(), "end": result.next_token.to_string()}
+        return {"chunk": chunk, "start": start.to_string(), "end": end.to_string()}
+
+    async def _new_events(
+        self, requester: Requester, since: EventsToken, limit: int
+    ) -> tuple[list[ClientEvent], EventsToken]:
+        result = await self.reader.sync(
+            requester.user_id, since, timeline_limit=limit, device_id=requester.device_id
+        )
+        chunk = _stream_chunk([t.events for t in result.rooms.values()], result.membership_changes)
+        return chunk, result.next_token
+
+    async def _new_room_events(
+        self, requester: Requester, room_id: str, since: EventsToken, limit: int
+    ) -> tuple[list[ClientEvent], EventsToken]:
+        """The room's latest ``limit`` visible events after ``since``, up to a token read
+        first (the next read starts there: nothing is served twice or skipped but what
+        ``limit`` leaves out)."""
+        upto = self.reader.current_token().advance(since)
+        page = await self.reader.paginate(
+            requester.user_id,
+            room_id,
+            upto,
+            direction="b",
+            limit=limit,
+            to_token=since,
+            device_id=requester.device_id,
+        )
+        return list(reversed(page.events)), upto
 
     # -- per-user data -----------------------------------------------------------------
 

@@ -82,7 +82,10 @@ def legacy_routes(
         since = _events_token(request.query.get("from"))
         timeout_ms = query_int(request, "timeout", 30_000)
         limit = clamp_limit(query_int(request, "limit", DEFAULT_EVENTS_LIMIT, high=10_000))
-        return json_response(await legacy.events(requester, since, timeout_ms, limit))
+        room_id = request.query.get("room_id")
+        if room_id is not None and not (room_id.startswith("!") and len(room_id) <= MAX_ID_LENGTH):
+            raise MatrixError(400, Codes.INVALID_PARAM, "room_id must be a room ID")
+        return json_response(await legacy.events(requester, since, timeout_ms, limit, room_id))
 
     async def get_event(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
