@@ -139,6 +139,9 @@ async def test_a_departed_member_sees_the_room_as_they_left_it(homeserver: Homes
     assert "m.room.topic" not in {e["type"] for e in body["state"]}
     own = [e for e in body["state"] if e["state_key"] == bob.user_id]
     assert own[0]["content"]["membership"] == "leave"
+    # `end` is an events token here too: /events from it serves nothing of this room.
+    quiet = await hs.ok("GET", f"/events?from={body['messages']['end']}&timeout=0", token=bob.token)
+    assert quiet["chunk"] == []
 
 
 async def test_refusals_and_bad_input(homeserver: Homeserver) -> None:

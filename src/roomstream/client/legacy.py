@@ -100,7 +100,7 @@ class LegacyReads:
         receipts: list[dict[str, Any]] = []
         if view.membership in ("leave", "ban") and view.member_event is not None:
             messages = await self._messages_before_leave(
-                requester, room_id, view.member_event, limit
+                requester, room_id, view.member_event, limit, end
             )
         else:
             page = (
@@ -125,12 +125,14 @@ class LegacyReads:
         return body
 
     async def _messages_before_leave(
-        self, requester: Requester, room_id: str, leave_event: str, limit: int
+        self, requester: Requester, room_id: str, leave_event: str, limit: int, end: EventsToken
     ) -> dict[str, Any]:
+        """The latest ``limit`` visible events up to the user's leave; ``end`` stays an
+        events token (``/events`` from it serves nothing of a room the user left)."""
         try:
             at_leave = await self.reader.position_of_event(room_id, leave_event)
         except MatrixError:  # not a timeline event (an out-of-band invite rejected)
-            return _messages([], ROOM_START.to_string(), ROOM_START.to_string())
+            return _messages([], ROOM_START.to_string(), end.to_string())
         after_leave = RoomPosition.after_event(
             at_leave.topological_ordering, at_leave.stream_ordering
         )
@@ -143,7 +145,7 @@ class LegacyReads:
             device_id=requester.device_id,
         )
         start = chunk.end or ROOM_START
-        return _messages(list(reversed(chunk.events)), start.to_string(), after_leave.to_string())
+        return _messages(list(reversed(chunk.events)), start.to_string(), end.to_string())
 
     # -- GET /initialSync --------------------------------------------------------------
 
