@@ -3,13 +3,14 @@ authenticated requests, coalesced and written in batches)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roomstream.accounts.client_ips import LAST_SEEN_GRANULARITY_MS, ClientIps
-from roomstream.storage import DatabaseConfig, connect, prepare_database
+from roomstream.storage import Database, DatabaseConfig, connect, prepare_database
 from tests.client.conftest import Homeserver
 
 
@@ -86,7 +87,6 @@ def test_last_seen_is_never_later_and_at_most_a_granule_behind(
     each (device, IP) is reported with a ``last_seen`` no later than its latest request
     and less than :data:`LAST_SEEN_GRANULARITY_MS` before it; the user agent reported is
     the one of the request whose time is reported."""
-    import asyncio
     import tempfile
 
     async def run() -> None:
@@ -126,3 +126,21 @@ def test_last_seen_is_never_later_and_at_most_a_granule_behind(
                 await db.close()
 
     asyncio.run(run())
+
+
+async def test_a_batch_being_written_is_still_served(database: Database) -> None:
+    """A read while a batch is in flight (swapped out of the pending batch, not yet
+    committed) still reports it; an explicit flush waits for the scheduled one."""
+    ips = ClientIps(database)
+    ips.record("@a:x", "D1", "10.0.0.1", "ua")
+    writing = asyncio.create_task(ips.flush())
+    await asyncio.sleep(0)  # let the flush start: the batch is now in flight
+    assert not ips._pending and ips._writing
+    devices = await ips.connections("@a:x")
+    assert [c.ip for c in devices["D1"]] == ["10.0.0.1"]
+    ips.record("@a:x", "D2", "10.0.0.2", "ua")
+    await ips.flush()  # after the one in flight
+    assert writing.done() and not ips._pending and not ips._writing
+    stored = await ips.connections("@a:x")
+    assert sorted(stored) == ["D1", "D2"]
+    ips.close()

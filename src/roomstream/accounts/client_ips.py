@@ -8,8 +8,8 @@ reports are coalesced in memory and written in batches:
   last taken for it is ignored (a device syncing in a loop costs nothing);
 - what is taken waits in a pending batch, written by one upsert transaction at most
   :data:`FLUSH_INTERVAL_S` later (or at once when :data:`MAX_PENDING` keys wait);
-- reads (:meth:`ClientIps.connections`) merge the pending batch with the table, so an
-  answer never lags behind this process's own requests.
+- reads (:meth:`ClientIps.connections`) merge the pending batch (and the one being
+  written) with the table, so an answer never lags behind this process's own requests.
 
 Invariants: the table holds one row per (user, device, IP) with the latest ``last_seen``
 written (an older write never replaces a newer one); the memory is bounded
@@ -64,6 +64,10 @@ class ClientIps:
         self._pending: dict[Key, tuple[str, int]] = {}
         #: key -> last seen ms taken for it (written or pending).
         self._recent: OrderedDict[Key, int] = OrderedDict()
+        #: The batch being written (still served by reads until committed).
+        self._writing: dict[Key, tuple[str, int]] = {}
+        #: One batch written at a time: an explicit flush waits for a scheduled one.
+        self._write_lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -94,35 +98,48 @@ class ClientIps:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write the pending batch now (one transaction). On failure the batch is merged
-        back into the pending one (keeping the newer time per key) and logged."""
-        batch, self._pending = self._pending, {}
-        if not batch:
-            return
-        rows = [(u, d, ip, ua, seen) for (u, d, ip), (ua, seen) in batch.items()]
+        """Write the pending batch now (one transaction), after any batch being written.
+        On failure the batch is merged back into the pending one (keeping the newer time
+        per key) and logged."""
+        async with self._write_lock:
+            batch, self._pending = self._pending, {}
+            if not batch:
+                return
+            self._writing = batch
+            rows = [(u, d, ip, ua, seen) for (u, d, ip), (ua, seen) in batch.items()]
 
-        def txn(t: Transaction) -> None:
-            t.executemany(
-                "INSERT INTO user_ips (user_id, device_id, ip, user_agent, last_seen)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, device_id, ip) DO UPDATE"
-                " SET user_agent = excluded.user_agent, last_seen = excluded.last_seen"
-                " WHERE user_ips.last_seen < excluded.last_seen",
-                rows,
-            )
+            def txn(t: Transaction) -> None:
+                t.executemany(
+                    "INSERT INTO user_ips (user_id, device_id, ip, user_agent, last_seen)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id, device_id, ip) DO UPDATE"
+                    " SET user_agent = excluded.user_agent, last_seen = excluded.last_seen"
+                    " WHERE user_ips.last_seen < excluded.last_seen",
+                    rows,
+                )
 
-        try:
-            await self.db.run_interaction(txn)
-        except Exception:
-            logger.warning("writing %d client IPs failed; kept for the next batch", len(rows))
-            for key, value in batch.items():
-                newer = self._pending.get(key)
-                if newer is None or newer[1] < value[1]:
-                    self._pending[key] = value
-            raise
+            try:
+                await self.db.run_interaction(txn)
+            except Exception:
+                logger.warning("writing %d client IPs failed; kept for the next batch", len(rows))
+                for key, value in batch.items():
+                    newer = self._pending.get(key)
+                    if newer is None or newer[1] < value[1]:
+                        self._pending[key] = value
+                raise
+            finally:
+                self._writing = {}
 
     async def connections(self, user_id: str) -> dict[str, list[Connection]]:
         """device ID -> where it was seen from, most recent first (the table and this
         process's pending batch)."""
+        # Taken before the table is read: a batch committed after this copy is in it, one
+        # committed before the read is in the table.
+        unwritten = [
+            (key, value)
+            for batch in (self._writing, self._pending)
+            for key, value in batch.items()
+            if key[0] == user_id
+        ]
         rows = await self.db.run_interaction(
             lambda t: t.query(
                 "SELECT device_id, ip, user_agent, last_seen FROM user_ips WHERE user_id = ?",
@@ -132,9 +149,9 @@ class ClientIps:
         latest: dict[tuple[str, str], Connection] = {
             (str(d), str(ip)): Connection(str(ip), str(ua), int(seen)) for d, ip, ua, seen in rows
         }
-        for (user, device_id, ip), (ua, seen) in self._pending.items():
+        for (_, device_id, ip), (ua, seen) in unwritten:
             known = latest.get((device_id, ip))
-            if user == user_id and (known is None or known.last_seen < seen):
+            if known is None or known.last_seen < seen:
                 latest[(device_id, ip)] = Connection(ip, ua, seen)
         devices: dict[str, list[Connection]] = {}
         for (device_id, _), connection in latest.items():
