@@ -17,13 +17,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from roomstream.accounts import Accounts, AccountStore
+from roomstream.accounts.client_ips import ClientIps
+from roomstream.accounts.openid import OpenIdTokens
 from roomstream.accounts.service import EndSessions
 from roomstream.accounts.token_cache import TokenCache
 from roomstream.client.account_routes import account_routes
+from roomstream.client.admin_routes import admin_routes
 from roomstream.client.directory import DirectoryReader
 from roomstream.client.directory_routes import directory_routes
 from roomstream.client.forwarded import ForwardedWrites
+from roomstream.client.legacy import LegacyReads
+from roomstream.client.legacy_routes import legacy_routes
 from roomstream.client.notifier import Notifier
+from roomstream.client.openid_routes import openid_routes
 from roomstream.client.read_routes import read_routes
 from roomstream.client.room_routes import room_routes
 from roomstream.client.rooms import RoomService
@@ -109,6 +115,10 @@ class ClientProcess:
         self.user_data_writer = UserDataWriter(config, self.userdata, self.typing, http_client)
         #: What this process does for writes other processes forward to it.
         self.forwarded = ForwardedWrites(self.accounts, self.rooms, self.userdata, self.typing)
+        #: Where each device was seen from (GET /admin/whois), and OpenID tokens.
+        self.client_ips = ClientIps(engine.db)
+        self.openid = OpenIdTokens(engine.db)
+        legacy = LegacyReads(self.reader, engine.store, self.store, self.userdata, self.notifier)
         self.api = ClientApi(
             self.accounts,
             [
@@ -138,7 +148,11 @@ class ClientProcess:
                     self.notifier,
                     self.user_data_writer,
                 ),
+                *legacy_routes(self.accounts, self.rooms, self.reader, legacy),
+                *admin_routes(self.accounts, self.client_ips),
+                *openid_routes(self.accounts, self.openid),
             ],
+            self.client_ips,
         )
 
     # -- replication hooks -------------------------------------------------------------
@@ -158,6 +172,7 @@ class ClientProcess:
         self.notifier.on_replicated_position(stream_name, writer, position)
 
     def close(self) -> None:
+        self.client_ips.close()
         self.notifier.close()
         if self.typing is not None:
             self.typing.close()

@@ -534,6 +534,15 @@ class RoomService:
                 }
         return joined
 
+    # -- the deprecated send without a transaction ID -----------------------------------
+
+    async def send_untracked(
+        self, requester: Requester, room_id: str, event_type: str, content: Mapping[str, Any]
+    ) -> str:
+        """``POST /send/{type}`` (r0, no transaction ID): a new event at every call, not
+        idempotent (as Synapse); on the room's writer, forwarded there if need be."""
+        return await self.writer.send(room_id, requester.user_id, event_type, content)
+
 
 def parse_state_events(raw: Sequence[Any]) -> list[StateEvent]:
     result = []

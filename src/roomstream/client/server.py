@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from roomstream.accounts import Accounts, Requester
+from roomstream.accounts.client_ips import ClientIps
 from roomstream.client.request import access_token, json_response
 from roomstream.replication.http import matrix_error_middleware
 
-__all__ = ["MATRIX_PREFIX", "ClientApi", "Handler", "Route"]
+__all__ = ["MATRIX_PREFIX", "REQUESTER_KEY", "ClientApi", "Handler", "Route"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ CORS_HEADERS = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Where :func:`authenticate` leaves the request's :class:`Requester` (for the client IPs).
+REQUESTER_KEY = web.RequestKey("roomstream.requester", Requester)
 
 
 @dataclass(frozen=True)
@@ -53,12 +56,17 @@ class Route:
 class ClientApi:
     """Installs the client routes of ``route_groups`` on an application."""
 
-    def __init__(self, accounts: Accounts, routes: Sequence[Route]) -> None:
+    def __init__(
+        self, accounts: Accounts, routes: Sequence[Route], client_ips: ClientIps | None = None
+    ) -> None:
         self.accounts = accounts
         self.routes = list(routes)
+        self.client_ips = client_ips
 
     def install(self, app: web.Application) -> None:
         app.middlewares.append(matrix_errors)
+        if self.client_ips is not None:
+            app.middlewares.append(_client_ip_recorder(self.client_ips))
         for route in self.routes:
             path = (
                 route.path if route.absolute else f"{CLIENT_PREFIX}/{VERSION_PATTERN}{route.path}"
@@ -67,7 +75,31 @@ class ClientApi:
 
 
 async def authenticate(accounts: Accounts, request: web.Request) -> Requester:
-    return await accounts.authenticate(access_token(request))
+    requester = await accounts.authenticate(access_token(request))
+    request[REQUESTER_KEY] = requester
+    return requester
+
+
+def _client_ip_recorder(client_ips: ClientIps) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """A middleware reporting each authenticated request's device, address and user
+    agent to ``client_ips`` (whatever the answer). The address is the peer's: behind a
+    reverse proxy, the proxy's (``X-Forwarded-For`` is not trusted)."""
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        finally:
+            requester = request.get(REQUESTER_KEY)
+            if isinstance(requester, Requester):
+                client_ips.record(
+                    requester.user_id,
+                    requester.device_id,
+                    request.remote or "",
+                    request.headers.get("User-Agent", ""),
+                )
+
+    return record
 
 
 @web.middleware

@@ -20,6 +20,7 @@ from roomstream.reading.results import (
     PaginationChunk,
     RoomPage,
     RoomsCursor,
+    RoomStateView,
     RoomTimeline,
     SyncResult,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "RoomPage",
     "RoomPosition",
     "RoomReader",
+    "RoomStateView",
     "RoomTimeline",
     "RoomsCursor",
     "SyncResult",

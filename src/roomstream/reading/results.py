@@ -18,6 +18,7 @@ __all__ = [
     "LatestRoomsPage",
     "PaginationChunk",
     "RoomPage",
+    "RoomStateView",
     "RoomTimeline",
     "RoomsCursor",
     "SyncResult",
@@ -137,4 +138,17 @@ class EventContext:
     events_after: list[ClientEvent]
     start: RoomPosition
     end: RoomPosition
+    state: list[ClientEvent]
+
+
+@dataclass
+class RoomStateView:
+    """A room's state as one user may see it (:meth:`RoomReader.room_state_for`).
+
+    ``membership``: ``join``, ``leave`` or ``ban`` (then ``state`` is the state after
+    ``member_event``, their leave), or None for a peek into a ``world_readable`` room.
+    """
+
+    membership: str | None
+    member_event: str | None
     state: list[ClientEvent]

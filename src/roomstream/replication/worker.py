@@ -348,6 +348,8 @@ class ReplicationNode:
         if self.http is not None:
             await self.http.close()
         if self.client is not None:
+            with contextlib.suppress(Exception):  # logged by flush; the times are a nicety
+                await self.client.client_ips.flush()
             self.client.close()
         await self.http_client.close()
         for task in list(self._storing.values()):

@@ -1,0 +1,106 @@
+"""Handlers for the deprecated endpoints Synapse still serves: ``POST /send/{type}``
+without a transaction ID, ``GET /rooms/{id}/aliases``, the room and global
+``initialSync``, and the old event stream ``/events`` (services:
+:class:`~roomstream.client.legacy.LegacyReads`, :class:`~roomstream.client.rooms.RoomService`)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from roomstream.accounts import Accounts
+from roomstream.client.legacy import LegacyReads, clamp_limit
+from roomstream.client.request import json_response, query_bool, query_int, read_json
+from roomstream.client.rooms import RoomService
+from roomstream.client.server import Route, authenticate
+from roomstream.client.sync import SyncToken
+from roomstream.errors import Codes, MatrixError
+from roomstream.reading import EventsToken, RoomReader
+
+__all__ = ["legacy_routes"]
+
+MAX_ID_LENGTH = 255
+#: Default events per room of the room and global ``initialSync`` (as Synapse).
+DEFAULT_INITIAL_SYNC_LIMIT = 10
+#: Default events per room of one ``/events`` answer.
+DEFAULT_EVENTS_LIMIT = 100
+
+
+def _room_id(request: web.Request) -> str:
+    room_id = request.match_info["room_id"]
+    if not room_id.startswith("!") or not 1 < len(room_id) <= MAX_ID_LENGTH:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"not a room ID: {room_id[:300]!r}")
+    return room_id
+
+
+def _path_value(request: web.Request, name: str) -> str:
+    value = request.match_info[name]
+    if not value or len(value) > MAX_ID_LENGTH:
+        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be 1-{MAX_ID_LENGTH} characters")
+    return value
+
+
+def _events_token(raw: str | None) -> EventsToken | None:
+    """``from`` of ``/events``: an events token (``end`` of ``initialSync`` or of an
+    earlier ``/events``), or a ``/sync`` token (its events part)."""
+    if raw is None or raw == "":
+        return None
+    if len(raw) > 1000:
+        raise MatrixError(400, Codes.INVALID_PARAM, "token too long")
+    return SyncToken.parse(raw).events if "_" in raw else EventsToken.parse(raw)
+
+
+def legacy_routes(
+    accounts: Accounts, rooms: RoomService, reader: RoomReader, legacy: LegacyReads
+) -> list[Route]:
+    async def send_untracked(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        content = await read_json(request)
+        event_id = await rooms.send_untracked(
+            requester, _room_id(request), _path_value(request, "event_type"), content
+        )
+        return json_response({"event_id": event_id})
+
+    async def room_aliases(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        aliases = await legacy.room_aliases(requester, _room_id(request))
+        return json_response({"aliases": aliases})
+
+    async def room_initial_sync(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        limit = query_int(request, "limit", DEFAULT_INITIAL_SYNC_LIMIT, high=10_000)
+        body = await legacy.room_initial_sync(requester, _room_id(request), clamp_limit(limit))
+        return json_response(body)
+
+    async def initial_sync(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        limit = query_int(request, "limit", DEFAULT_INITIAL_SYNC_LIMIT, high=10_000)
+        archived = query_bool(request, "archived")
+        return json_response(await legacy.initial_sync(requester, clamp_limit(limit), archived))
+
+    async def events(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        since = _events_token(request.query.get("from"))
+        timeout_ms = query_int(request, "timeout", 30_000)
+        limit = clamp_limit(query_int(request, "limit", DEFAULT_EVENTS_LIMIT, high=10_000))
+        room_id = request.query.get("room_id")
+        if room_id is not None and not (room_id.startswith("!") and len(room_id) <= MAX_ID_LENGTH):
+            raise MatrixError(400, Codes.INVALID_PARAM, "room_id must be a room ID")
+        return json_response(await legacy.events(requester, since, timeout_ms, limit, room_id))
+
+    async def get_event(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        event = await reader.get_event(
+            requester.user_id, _path_value(request, "event_id"), device_id=requester.device_id
+        )
+        if event is None:
+            raise MatrixError(404, Codes.NOT_FOUND, "event not found")
+        return json_response(event)
+
+    return [
+        Route("POST", "/rooms/{room_id}/send/{event_type}", send_untracked),
+        Route("GET", "/rooms/{room_id}/aliases", room_aliases),
+        Route("GET", "/rooms/{room_id}/initialSync", room_initial_sync),
+        Route("GET", "/initialSync", initial_sync),
+        Route("GET", "/events", events),
+        Route("GET", "/events/{event_id}", get_event),
+    ]
