@@ -135,17 +135,28 @@ class RoomWriter:
             ),
         )
 
-    async def create_room(self, creator: str, version: RoomVersion, preset: RoomPreset) -> str:
+    async def create_room(
+        self,
+        creator: str,
+        version: RoomVersion,
+        preset: RoomPreset,
+        creation_content: Mapping[str, Any] | None = None,
+    ) -> str:
         """A new room, created here (:attr:`creates_rooms_here`), with the creator joined,
         default power levels, the preset's join rule and ``shared`` history; the caller
-        sends the rest of the initial state."""
+        sends the rest of the initial state. ``creation_content``: extra keys of the
+        create event's content."""
         # A version-12 room ID is the hash of its create event: two rooms created by one
         # user in the same millisecond would be one room. Creation times from this
         # process are made distinct.
         now_ms = max(int(time.time() * 1000), self._last_create_ms + 1)
         self._last_create_ms = now_ms
         room_id, _ = await self.creator.create_room(
-            creator, version=version, preset=preset, origin_server_ts=now_ms
+            creator,
+            version=version,
+            preset=preset,
+            origin_server_ts=now_ms,
+            creation_content=creation_content,
         )
         return room_id
 
