@@ -223,9 +223,14 @@ async def test_state_is_one_read_and_follows_changes(homeserver: Homeserver) -> 
     names = [e["content"]["name"] for e in after if e["type"] == "m.room.name"]
     assert names == ["two"]
     assert len(after) == len(first)
-    # Leaving ends access, cached answer or not.
+    # After leaving: the state at the leave (spec), never the cached answer of before.
     await homeserver.ok("POST", f"/rooms/{room_id}/leave", {}, token=alice.token)
-    status, body = await homeserver.call("GET", f"/rooms/{room_id}/state", token=alice.token)
+    left = await homeserver.ok("GET", f"/rooms/{room_id}/state", token=alice.token)
+    mine = [e["content"] for e in left if e["type"] == "m.room.member"]
+    assert mine == [{"membership": "leave"}]
+    # A stranger still may not read it.
+    bob = await homeserver.register("bob")
+    status, body = await homeserver.call("GET", f"/rooms/{room_id}/state", token=bob.token)
     assert (status, body["errcode"]) == (403, "M_FORBIDDEN")
 
 

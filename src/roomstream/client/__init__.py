@@ -26,6 +26,7 @@ from roomstream.client.admin_routes import admin_routes
 from roomstream.client.directory import DirectoryReader
 from roomstream.client.directory_routes import directory_routes
 from roomstream.client.forwarded import ForwardedWrites
+from roomstream.client.ignored import IGNORED_USER_LIST, IgnoredUsers
 from roomstream.client.legacy import LegacyReads
 from roomstream.client.legacy_routes import legacy_routes
 from roomstream.client.notifier import Notifier
@@ -113,6 +114,25 @@ class ClientProcess:
 
             self.typing = TypingWriter(self.typing_state, append_typing)
         self.user_data_writer = UserDataWriter(config, self.userdata, self.typing, http_client)
+        userdata = self.userdata
+
+        async def load_ignored(user_id: str) -> dict[str, Any] | None:
+            return await userdata.get_account_data(user_id, None, IGNORED_USER_LIST)
+
+        self.ignored = IgnoredUsers(load_ignored)
+        ignored = self.ignored
+        self.user_data_writer.account_data_written.append(
+            lambda user, room, data_type: ignored.on_account_data_rows([(user, room, data_type)])
+        )
+
+        def forget_ignored(
+            stream: str, writer: str, since: int, upto: int, updates: list[Any]
+        ) -> None:
+            if stream == "account_data":
+                ignored.on_account_data_rows([row for _, row in updates])
+
+        # This process's own account-data rows (writes forwarded here included).
+        self.notifier.local_row_listeners.append(forget_ignored)
         #: What this process does for writes other processes forward to it.
         self.forwarded = ForwardedWrites(self.accounts, self.rooms, self.userdata, self.typing)
         #: Where each device was seen from (GET /admin/whois), and OpenID tokens.
@@ -130,8 +150,14 @@ class ClientProcess:
                     self.store,
                     self.reader,
                     SyncHandler(
-                        self.reader, self.userdata, self.typing_state, self.notifier, self.store
+                        self.reader,
+                        self.userdata,
+                        self.typing_state,
+                        self.notifier,
+                        self.store,
+                        self.ignored,
                     ),
+                    self.ignored,
                 ),
                 *sliding_sync_routes(
                     self.accounts,
@@ -163,6 +189,8 @@ class ClientProcess:
         if stream_name == "typing":
             for row in rows:
                 self.typing_state.apply(token, str(row[0]), list(row[1]))
+        elif stream_name == "account_data":
+            self.ignored.on_account_data_rows(rows)
         elif stream_name == "caches" and self.token_cache is not None:
             for row in rows:
                 self.token_cache.apply_cache_row(row)

@@ -15,6 +15,7 @@ from roomstream.client.filtering import (
     parse_room_event_filter,
     parse_sync_filter,
 )
+from roomstream.client.ignored import IgnoredUsers, hide_ignored
 from roomstream.client.request import json_response, query_bool, query_int
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
@@ -63,7 +64,13 @@ def read_routes(
     store: ClientStore,
     reader: RoomReader,
     sync_handler: SyncHandler,
+    ignored_users: IgnoredUsers | None = None,
 ) -> list[Route]:
+    async def ignored_by(requester: Requester) -> frozenset[str]:
+        if ignored_users is None:
+            return frozenset()
+        return await ignored_users.of(requester.user_id)
+
     async def sync(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         since_raw = request.query.get("since")
@@ -109,7 +116,7 @@ def read_routes(
         )
         # Filtered after reading (see docs/client_api.md): a page may hold fewer than
         # `limit` events, and `end` still continues after every event read.
-        events = chunk.events
+        events = hide_ignored(chunk.events, await ignored_by(requester))
         if not event_filter.allows_all:
             events = [e for e in events if event_filter.matches(e)]
         body: dict[str, Any] = {"chunk": events, "start": chunk.start.to_string()}
@@ -136,11 +143,15 @@ def read_routes(
             after=limit - limit // 2,
             device_id=requester.device_id,
         )
+        ignored = await ignored_by(requester)
+        if not hide_ignored([found.event], ignored):
+            # Hidden from this user as an event they may not see (Synapse: 403).
+            raise MatrixError(403, Codes.FORBIDDEN, "you may not see that event")
         return json_response(
             {
                 "event": found.event,
-                "events_before": found.events_before,
-                "events_after": found.events_after,
+                "events_before": hide_ignored(found.events_before, ignored),
+                "events_after": hide_ignored(found.events_after, ignored),
                 "start": found.start.to_string(),
                 "end": found.end.to_string(),
                 "state": found.state,

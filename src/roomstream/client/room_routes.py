@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from roomstream.accounts import Accounts
@@ -29,6 +31,14 @@ def _path_value(request: web.Request, name: str) -> str:
     return value
 
 
+def _join_content(body: dict[str, Any]) -> dict[str, Any]:
+    """A join request's body: its keys go into the join event (``reason`` must be a
+    string; ``third_party_signed``, for third-party invites, which are not supported,
+    is not content)."""
+    optional(body, "reason", str)
+    return {k: v for k, v in body.items() if k != "third_party_signed"}
+
+
 def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
     async def create_room(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
@@ -38,9 +48,9 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
 
     async def join_any(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        await read_json(request)
+        body = await read_json(request)
         target = _path_value(request, "room")
-        return json_response({"room_id": await rooms.join(requester, target)})
+        return json_response({"room_id": await rooms.join(requester, target, _join_content(body))})
 
     async def knock(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
@@ -52,8 +62,9 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
 
     async def join_room(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        await read_json(request)
-        return json_response({"room_id": await rooms.join(requester, _room_id(request))})
+        body = await read_json(request)
+        room_id = await rooms.join(requester, _room_id(request), _join_content(body))
+        return json_response({"room_id": room_id})
 
     async def leave(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
@@ -104,14 +115,15 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
 
     async def get_state_entry(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        room_id = _room_id(request)
-        await rooms.require_joined(requester, room_id)
-        entry = await rooms.current_state_content(
-            room_id, _path_value(request, "event_type"), _path_value(request, "state_key")
+        content = await rooms.readable_state_entry(
+            requester,
+            _room_id(request),
+            _path_value(request, "event_type"),
+            _path_value(request, "state_key"),
         )
-        if entry is None:
+        if content is None:
             raise MatrixError(404, Codes.NOT_FOUND, "no such state event")
-        return json_response(entry[1])
+        return json_response(content)
 
     async def redact(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)

@@ -63,6 +63,8 @@ class CreateRoomRequest:
     power_level_content_override: dict[str, Any] | None = None
     room_alias_name: str | None = None
     is_direct: bool = False
+    #: Extra keys of the ``m.room.create`` content (``m.federate``, ``type``, ...).
+    creation_content: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, body: dict[str, Any]) -> CreateRoomRequest:
@@ -84,6 +86,7 @@ class CreateRoomRequest:
             power_level_content_override=optional(body, "power_level_content_override", dict),
             room_alias_name=optional(body, "room_alias_name", str),
             is_direct=optional(body, "is_direct", bool, False),
+            creation_content=parse_creation_content(optional(body, "creation_content", dict, {})),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -102,6 +105,7 @@ class CreateRoomRequest:
             "power_level_content_override": self.power_level_content_override,
             "room_alias_name": self.room_alias_name,
             "is_direct": self.is_direct,
+            "creation_content": dict(self.creation_content),
         }
 
 
@@ -145,22 +149,23 @@ class RoomService:
         return event_id, dict(event.data.get("content") or {}), str(event.data.get("sender"))
 
     async def current_state_json(self, requester: Requester, room_id: str) -> bytes:
-        """``GET /rooms/{id}/state``: the room's current state events in the client
-        format, serialised; 403 unless the requester is joined.
+        """``GET /rooms/{id}/state``: the state the requester may read (see
+        :meth:`_readable_state`) as client events, serialised.
 
-        One database read (the current state's event IDs, with the requester's
-        membership). The serialised answer is cached per room together with the state
-        map it was made from, and reused while the state read now is equal to it: the
-        answer depends on nothing else (no viewer-specific fields), so a cached answer
-        is never stale, on any process, without any invalidation.
+        One database read for a member (the current state's event IDs, with the
+        requester's membership). The serialised current state is cached per room together
+        with the state map it was made from, and reused while the state read now is equal
+        to it: the answer depends on nothing else (no viewer-specific fields), so a cached
+        answer is never stale, on any process, without any invalidation. State at a
+        leave is not cached (it is read rarely, and would evict the current state's).
         """
         state, membership = await self.events.get_current_state_and_membership(
             room_id, requester.user_id
         )
-        if membership != "join":
-            raise MatrixError(
-                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
-            )
+        readable = await self._readable_state(requester, room_id, state, membership)
+        if readable is not state:
+            events = await self.events.get_events(readable.values())
+            return orjson.dumps([client_event(e) for e in events.values()])
         cached = self._state_json.get(room_id)
         if cached is not None and cached[0] == state:
             self._state_json.move_to_end(room_id)
@@ -171,6 +176,52 @@ class RoomService:
         if len(self._state_json) > STATE_JSON_CACHE_ROOMS:
             self._state_json.popitem(last=False)
         return body
+
+    async def _readable_state(
+        self, requester: Requester, room_id: str, current: StateMap, membership: str | None
+    ) -> StateMap:
+        """The state of the room the requester may read (spec, ``GET /rooms/{id}/state``;
+        Synapse's rule): a member the current state (``current`` itself); one who left or
+        was banned the state after their membership event (the point they left, as it
+        stood then); anyone else the current state of a ``world_readable`` room. 403
+        otherwise (also for an unknown room)."""
+        if membership == "join":
+            return current
+        if membership in ("leave", "ban"):
+            try:
+                return await self.events.get_state_at(current[("m.room.member", requester.user_id)])
+            except LookupError:  # an outlier membership (no state stored): nothing to serve
+                pass
+        elif await self._world_readable(current):
+            return current
+        raise MatrixError(
+            403, Codes.FORBIDDEN, f"user {requester.user_id} may not read the state of {room_id}"
+        )
+
+    async def _world_readable(self, current: StateMap) -> bool:
+        """Whether the room's current history visibility is ``world_readable``."""
+        event_id = current.get(("m.room.history_visibility", ""))
+        event = None if event_id is None else await self.events.get_event(event_id)
+        content = {} if event is None else event.data.get("content") or {}
+        return content.get("history_visibility") == "world_readable"
+
+    async def readable_state_entry(
+        self, requester: Requester, room_id: str, event_type: str, state_key: str
+    ) -> dict[str, Any] | None:
+        """``GET /rooms/{id}/state/{type}/{key}``: the content of one entry of the state
+        :meth:`_readable_state` allows (None: no such entry there). A member costs two
+        index reads, as before: the whole state is read only for who is not joined."""
+        membership = await self.membership(room_id, requester.user_id)
+        if membership != "join":
+            state, membership = await self.events.get_current_state_and_membership(
+                room_id, requester.user_id
+            )
+            readable = await self._readable_state(requester, room_id, state, membership)
+            event_id = readable.get((event_type, state_key))
+            event = None if event_id is None else await self.events.get_event(event_id)
+            return None if event is None else dict(event.data.get("content") or {})
+        entry = await self.current_state_content(room_id, event_type, state_key)
+        return None if entry is None else entry[1]
 
     async def membership(self, room_id: str, user_id: str) -> str | None:
         return await self.events.get_membership(room_id, user_id)
@@ -213,7 +264,10 @@ class RoomService:
         sender = requester.user_id
         public = preset == "public_chat"
         room_id = await self.writer.create_room(
-            sender, version, RoomPreset.PUBLIC_CHAT if public else RoomPreset.PRIVATE_CHAT
+            sender,
+            version,
+            RoomPreset.PUBLIC_CHAT if public else RoomPreset.PRIVATE_CHAT,
+            request.creation_content,
         )
         send = self.writer.send
         levels_override: dict[str, Any] = dict(request.power_level_content_override or {})
@@ -267,17 +321,29 @@ class RoomService:
             raise MatrixError(400, Codes.INVALID_PARAM, "expected a room ID or alias")
         return room_id_or_alias
 
-    async def join(self, requester: Requester, room_id_or_alias: str) -> str:
+    async def join(
+        self,
+        requester: Requester,
+        room_id_or_alias: str,
+        content: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Join the room; ``content``: the request body, whose keys go into the join
+        event's content (``reason``, ``displayname``, custom keys: as Synapse), except
+        ``membership`` (always ``join``) and ``join_authorised_via_users_server`` (the
+        server's to set: a client naming an authorising user would bypass a restricted
+        join rule, the event being signed by this server)."""
         room_id = await self.resolve_room(room_id_or_alias)
         if await self.events.get_room_version(room_id) is None:
             raise MatrixError(404, Codes.NOT_FOUND, f"unknown room {room_id}")
         if await self.membership(room_id, requester.user_id) == "join":
             return room_id
+        event_content = {k: v for k, v in (content or {}).items() if k not in _SERVER_JOIN_KEYS}
+        event_content["membership"] = "join"
         await self.writer.send(
             room_id,
             requester.user_id,
             "m.room.member",
-            {"membership": "join"},
+            event_content,
             state_key=requester.user_id,
         )
         await self.store.unforget(requester.user_id, room_id)
@@ -542,6 +608,34 @@ class RoomService:
         """``POST /send/{type}`` (r0, no transaction ID): a new event at every call, not
         idempotent (as Synapse); on the room's writer, forwarded there if need be."""
         return await self.writer.send(room_id, requester.user_id, event_type, content)
+
+
+#: Keys of a join request's body that never reach the join event's content.
+_SERVER_JOIN_KEYS = frozenset({"membership", "join_authorised_via_users_server"})
+#: ``creation_content`` keys the server sets itself (spec: it overwrites them).
+_SERVER_CREATE_KEYS = frozenset({"creator", "room_version"})
+
+
+def parse_creation_content(raw: dict[str, Any]) -> dict[str, Any]:
+    """``createRoom``'s ``creation_content``: extra keys of the create event's content,
+    kept as given (spec), less the keys the server sets (``creator``, ``room_version``).
+    The keys the rules read are checked here, so that a bad one is ``400 M_BAD_JSON``
+    rather than a create event the auth rules reject: ``m.federate`` (a boolean),
+    ``type`` (a string), ``predecessor`` (an object), ``additional_creators`` (user IDs).
+    """
+    content = {k: v for k, v in raw.items() if k not in _SERVER_CREATE_KEYS}
+    optional(content, "m.federate", bool)
+    optional(content, "type", str)
+    optional(content, "predecessor", dict)
+    creators = optional(content, "additional_creators", list, [])
+    for creator in creators:
+        if not isinstance(creator, str):
+            raise MatrixError(400, Codes.BAD_JSON, "additional_creators must be user IDs")
+        try:
+            parse_user_id(creator)
+        except MatrixError:
+            raise MatrixError(400, Codes.BAD_JSON, "additional_creators must be user IDs") from None
+    return content
 
 
 def parse_state_events(raw: Sequence[Any]) -> list[StateEvent]:

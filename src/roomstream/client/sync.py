@@ -17,6 +17,7 @@ from typing import Any
 
 from roomstream.accounts import Requester
 from roomstream.client.filtering import EMPTY_SYNC_FILTER, EventFilter, SyncFilter
+from roomstream.client.ignored import IgnoredUsers, hide_ignored, ignored_invite
 from roomstream.client.notifier import Notifier
 from roomstream.client.store import ClientStore
 from roomstream.client.typing import TypingState
@@ -137,8 +138,11 @@ class SyncHandler:
         typing: TypingState,
         notifier: Notifier,
         store: ClientStore,
+        ignored: IgnoredUsers | None = None,
     ) -> None:
         self.reader = reader
+        #: Whom each user ignores (None: nobody ignores anyone).
+        self.ignored = ignored
         self.userdata = userdata
         self.typing = typing
         self.notifier = notifier
@@ -299,13 +303,14 @@ class SyncHandler:
         join: dict[str, Any] = {}
         invite: dict[str, Any] = {}
         leave: dict[str, Any] = {}
+        ignored = frozenset() if self.ignored is None else await self.ignored.of(user_id)
         left = [r for r, t in result.rooms.items() if t.membership in ("leave", "ban")]
         forgotten = await self.store.forgotten_rooms(user_id, left) if left else set()
         for room_id, timeline in result.rooms.items():
             if not only.room_allowed(room_id):
                 continue
             if timeline.membership == "join":
-                join[room_id] = self._joined_room(timeline, only)
+                join[room_id] = self._joined_room(timeline, only, ignored)
             elif timeline.membership == "invite" and since is None:
                 invite[room_id] = {"invite_state": _events(timeline.state)}
             elif (
@@ -316,7 +321,7 @@ class SyncHandler:
                 and (since is not None or only.include_leave)
             ):
                 leave[room_id] = {
-                    "timeline": self._timeline(timeline, only),
+                    "timeline": self._timeline(timeline, only, ignored),
                     "state": _events(_kept(only.state, timeline.state)),
                     "account_data": _events([]),
                 }
@@ -330,6 +335,12 @@ class SyncHandler:
             await self._invites(
                 user_id, newly_invited - set(join), invite, every=request.full_state, only=only
             )
+        for room_id in [
+            r
+            for r, room in invite.items()
+            if ignored_invite(room["invite_state"]["events"], user_id, ignored)
+        ]:
+            del invite[room_id]  # invites from ignored users are dropped (spec)
         prev_batch = result.next_token.to_string() if since is None else since.events.to_string()
         for room_id in set(room_data) | set(receipts) | set(typing):
             if room_id not in joined or not only.room_allowed(room_id):
@@ -403,19 +414,23 @@ class SyncHandler:
             if timeline.room_id in invited:
                 invite[timeline.room_id] = {"invite_state": _events(timeline.state)}
 
-    def _timeline(self, timeline: RoomTimeline, only: SyncFilter) -> dict[str, Any]:
+    def _timeline(
+        self, timeline: RoomTimeline, only: SyncFilter, ignored: frozenset[str]
+    ) -> dict[str, Any]:
         # The filter applies to the events read: a timeline of `limit` events of which
         # some do not match is shorter, and `limited` with `prev_batch` before the first
-        # event read (so paginating back misses none that match).
+        # event read (so paginating back misses none that match). So do ignored users.
         return {
-            "events": _kept(only.timeline, timeline.events),
+            "events": hide_ignored(_kept(only.timeline, timeline.events), ignored),
             "limited": timeline.limited,
             "prev_batch": timeline.prev_batch.to_string(),
         }
 
-    def _joined_room(self, timeline: RoomTimeline, only: SyncFilter) -> dict[str, Any]:
+    def _joined_room(
+        self, timeline: RoomTimeline, only: SyncFilter, ignored: frozenset[str]
+    ) -> dict[str, Any]:
         room = self._empty_joined_room(timeline.prev_batch.to_string())
-        room["timeline"] = self._timeline(timeline, only)
+        room["timeline"] = self._timeline(timeline, only, ignored)
         room["state"] = _events(_kept(only.state, timeline.state))
         return room
 

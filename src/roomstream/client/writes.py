@@ -20,7 +20,7 @@ errors it answers (403, 400, ...) pass through with their status and errcode.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -135,17 +135,28 @@ class RoomWriter:
             ),
         )
 
-    async def create_room(self, creator: str, version: RoomVersion, preset: RoomPreset) -> str:
+    async def create_room(
+        self,
+        creator: str,
+        version: RoomVersion,
+        preset: RoomPreset,
+        creation_content: Mapping[str, Any] | None = None,
+    ) -> str:
         """A new room, created here (:attr:`creates_rooms_here`), with the creator joined,
         default power levels, the preset's join rule and ``shared`` history; the caller
-        sends the rest of the initial state."""
+        sends the rest of the initial state. ``creation_content``: extra keys of the
+        create event's content."""
         # A version-12 room ID is the hash of its create event: two rooms created by one
         # user in the same millisecond would be one room. Creation times from this
         # process are made distinct.
         now_ms = max(int(time.time() * 1000), self._last_create_ms + 1)
         self._last_create_ms = now_ms
         room_id, _ = await self.creator.create_room(
-            creator, version=version, preset=preset, origin_server_ts=now_ms
+            creator,
+            version=version,
+            preset=preset,
+            origin_server_ts=now_ms,
+            creation_content=creation_content,
         )
         return room_id
 
@@ -173,6 +184,10 @@ class UserDataWriter:
         self.data = data
         self.typing = typing
         self.http_client = http_client
+        #: Called with (user, room or None, type) once an account-data write returned
+        #: (or failed: it may have happened), here or on the writer: caches of this
+        #: process that derive from account data forget the user's entry.
+        self.account_data_written: list[Callable[[str, str | None, str], object]] = []
 
     def _remote_writer(self, stream_name: str, key: str) -> str | None:
         """The writer to forward to; None: write here (this process writes the stream, or
@@ -185,17 +200,21 @@ class UserDataWriter:
     async def put_account_data(
         self, user_id: str, room_id: str | None, data_type: str, content: Mapping[str, Any]
     ) -> None:
-        remote = self._remote_writer("account_data", user_id)
-        if remote is None:
-            await self.data.put_account_data(user_id, room_id, data_type, content)
-            return
-        assert self.http_client is not None
-        await forwarded_call(
-            remote,
-            self.http_client.client_put_account_data(
-                remote, user_id, room_id, data_type, dict(content)
-            ),
-        )
+        try:
+            remote = self._remote_writer("account_data", user_id)
+            if remote is None:
+                await self.data.put_account_data(user_id, room_id, data_type, content)
+                return
+            assert self.http_client is not None
+            await forwarded_call(
+                remote,
+                self.http_client.client_put_account_data(
+                    remote, user_id, room_id, data_type, dict(content)
+                ),
+            )
+        finally:
+            for listener in self.account_data_written:
+                listener(user_id, room_id, data_type)
 
     async def put_receipt(
         self, room_id: str, receipt_type: str, user_id: str, event_id: str, thread_id: str | None

@@ -851,7 +851,12 @@ class RoomReader:
         """``limit`` visible events of the room in topological order from ``from_token``
         (None: the end going backwards, the start going forwards), stopping at
         ``to_token``. An events-stream token stands for the point after the room's latest
-        event it covers."""
+        event it covers.
+
+        ``end`` is None only when the page is empty: there is nothing more the user may
+        see in that direction. A page shorter than ``limit`` still has one (as Synapse):
+        it was cut by ``to_token``, or going forwards new events may follow, and a client
+        paginating on from it gets an empty page without ``end`` when nothing did."""
         _check_limit(limit)
         if direction not in ("b", "f"):
             raise MatrixError(400, Codes.INVALID_PARAM, "direction must be 'b' or 'f'")
@@ -864,7 +869,7 @@ class RoomReader:
         now = self._now()
         events = self._format_rows(rows, loaded, now)
         end: RoomPosition | None = None
-        if len(rows) == limit:
+        if rows:
             last = rows[-1]
             end = (
                 RoomPosition.of_event(last.topo, last.stream)
@@ -967,7 +972,8 @@ class RoomReader:
         device_id: str | None = None,
     ) -> EventContext:
         """The event, ``before`` visible events before it and ``after`` after it, and the
-        state after it. ``M_NOT_FOUND`` if the user may not see it (or it does not exist)."""
+        state after it. ``404 M_NOT_FOUND`` if the room has no such timeline event,
+        ``403 M_FORBIDDEN`` if it has but the user may not see it (as Synapse)."""
         for n in (before, after):
             if n < 0 or n > MAX_LIMIT:
                 raise MatrixError(400, Codes.INVALID_PARAM, f"limit must be 0..{MAX_LIMIT}")
@@ -976,6 +982,8 @@ class RoomReader:
         )
         if raw is None:
             raise MatrixError(404, Codes.NOT_FOUND, "event not found")
+        if raw == "hidden":
+            raise MatrixError(403, Codes.FORBIDDEN, "you may not see that event")
         row, before_rows, after_rows, state_ids, loaded = raw
         self._complete(loaded)
         now = self._now()
@@ -1003,14 +1011,14 @@ class RoomReader:
         before: int,
         after: int,
         device_id: str | None,
-    ) -> tuple[_Row, list[_Row], list[_Row], list[str], _Loaded] | None:
+    ) -> tuple[_Row, list[_Row], list[_Row], list[str], _Loaded] | Literal["hidden"] | None:
         found = _timeline_row_txn(txn, event_id)
         if found is None or found[0] != room_id:
             return None
         row = found[1]
         view = _load_views_txn(txn, [room_id], user_id)[0][room_id]
         if not view.visible(row):
-            return None
+            return "hidden"
         position = row.position
         before_rows = (
             _page_txn(txn, room_id, view, MIN_POSITION, position, True, before) if before else []

@@ -128,12 +128,18 @@ class LocalEventCreator:
         name: str | None = None,
         topic: str | None = None,
         origin_server_ts: int | None = None,
+        creation_content: Mapping[str, Any] | None = None,
     ) -> tuple[str, list[CreatedEvent]]:
-        """Create a room with its initial state; returns its ID and the events created."""
+        """Create a room with its initial state; returns its ID and the events created.
+        ``creation_content``: extra keys of the create event's content (the
+        ``room_version`` and, before v11, ``creator`` keys are the server's)."""
         version = room_version(version) if isinstance(version, str) else version
         if not creator.endswith(":" + self.server_name):
             raise MatrixError(400, Codes.INVALID_PARAM, f"{creator} is not a local user")
-        create_content: dict[str, Any] = {"room_version": version.identifier}
+        create_content: dict[str, Any] = {
+            k: v for k, v in (creation_content or {}).items() if k != "creator"
+        }
+        create_content["room_version"] = version.identifier
         if not version.implicit_room_creator:
             create_content["creator"] = creator
         # v12 derives the room ID from the create event; older versions name it up front.
