@@ -20,7 +20,7 @@ from aiohttp import web
 
 from roomstream.accounts import Accounts, Requester
 from roomstream.client.request import access_token, json_response
-from roomstream.replication.http import matrix_error_middleware
+from roomstream.replication.http import exact_json_content_type, matrix_error_middleware
 
 __all__ = ["MATRIX_PREFIX", "ClientApi", "Handler", "Route"]
 
@@ -59,6 +59,8 @@ class ClientApi:
 
     def install(self, app: web.Application) -> None:
         app.middlewares.append(matrix_errors)
+        if exact_json_content_type not in app.on_response_prepare:
+            app.on_response_prepare.append(exact_json_content_type)
         for route in self.routes:
             path = (
                 route.path if route.absolute else f"{CLIENT_PREFIX}/{VERSION_PATTERN}{route.path}"
