@@ -302,7 +302,7 @@ class Accounts:
             raise MatrixError(401, MISSING_TOKEN, "missing access token")
         hashed = token_hash(access_token)
         cache = self.token_cache
-        if cache is None:
+        if cache is None or not cache.trusted():
             owner = await self.store.get_token_owner(hashed)
         else:
             owner = cache.get(hashed)
