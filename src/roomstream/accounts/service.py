@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,10 @@ MAX_DEVICE_ID_LENGTH = 255
 LOCALPART = re.compile(r"[a-z0-9._=\-/+]+")
 #: The one user-interactive-auth flow offered for registration.
 REGISTRATION_FLOWS = [{"stages": ["m.login.dummy"]}]
+#: How long a registration can be answered again through its session (Synapse keeps
+#: user-interactive-auth sessions for 48 hours).
+REGISTRATION_SESSION_LIFETIME_MS = 48 * 3600 * 1000
+MAX_SESSION_LENGTH = 255
 
 USER_IN_USE = "M_USER_IN_USE"
 INVALID_USERNAME = "M_INVALID_USERNAME"
@@ -159,12 +164,26 @@ class Accounts:
 
         The user name and password are checked before the auth stage, as Synapse does, so
         a client learns of a taken name before completing auth.
+
+        A retry through a session that already completed a registration (the client lost
+        the first answer) answers that registration again, as Synapse does: the same
+        user, logged in afresh, never ``M_USER_IN_USE``. The retry must carry the
+        account's password (when it has one), so it grants nothing a login would not.
         """
         if guest:
             raise MatrixError(403, GUEST_ACCESS_FORBIDDEN, "guest access is disabled")
         if not self.registration_enabled:
             raise MatrixError(403, Codes.FORBIDDEN, "registration has been disabled")
         _check_password(password)
+        session = _auth_session(auth)
+        if session is not None:
+            registered = await self.store.registered_by_session(
+                session, _registration_sessions_since()
+            )
+            if registered is not None:
+                return await self._registered_again(
+                    registered, password, device_id, display_name, inhibit_login
+                )
         if localpart is not None:
             user_id = self.user_id_for(localpart)
             if await self.store.get_user(user_id) is not None:
@@ -180,7 +199,28 @@ class Accounts:
             device_id=device_id,
             display_name=display_name,
             inhibit_login=inhibit_login,
+            registration_session=session,
         )
+
+    async def _registered_again(
+        self,
+        user_id: str,
+        password: str | None,
+        device_id: str | None,
+        display_name: str | None,
+        inhibit_login: bool,
+    ) -> LoginResult:
+        """The answer to a registration retried through its completed session."""
+        record = await self.store.get_user(user_id)
+        if record is None or record.deactivated:
+            raise MatrixError(403, Codes.FORBIDDEN, "the registration of this session has ended")
+        if record.password_hash is not None and (
+            password is None or not await verify_password(record.password_hash, password)
+        ):
+            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+        if inhibit_login:
+            return LoginResult(user_id, None, None)
+        return await self._new_session(user_id, device_id, display_name)
 
     async def create_account(
         self,
@@ -191,19 +231,35 @@ class Accounts:
         device_id: str | None = None,
         display_name: str | None = None,
         inhibit_login: bool = True,
+        registration_session: str | None = None,
     ) -> LoginResult:
-        """Create a user (no auth stage: for operators and after UIA); optionally log in."""
+        """Create a user (no auth stage: for operators and after UIA); optionally log in.
+
+        ``registration_session``: the completed user-interactive-auth session, remembered
+        with the user; if a concurrent request through it registered first, that
+        registration is answered instead (:meth:`register`)."""
         _check_password(password)
         password_hash = None if password is None else await hash_password(password)
         for _ in range(10):
             name = localpart if localpart is not None else "u" + secrets.token_hex(6)
             user_id = self.user_id_for(name)
             try:
-                await self.store.create_user(user_id, password_hash, admin)
-                break
+                registered = await self.store.create_user(
+                    user_id,
+                    password_hash,
+                    admin,
+                    registration_session=registration_session,
+                    session_since_ms=_registration_sessions_since(),
+                )
             except UserExistsError:
                 if localpart is not None:
                     raise MatrixError(400, USER_IN_USE, "user ID already taken") from None
+                continue
+            if registered != user_id:
+                return await self._registered_again(
+                    registered, password, device_id, display_name, inhibit_login
+                )
+            break
         else:  # pragma: no cover - 48 random bits colliding ten times
             raise MatrixError(500, Codes.UNKNOWN, "could not pick a free user ID")
         if inhibit_login:
@@ -246,7 +302,7 @@ class Accounts:
             raise MatrixError(401, MISSING_TOKEN, "missing access token")
         hashed = token_hash(access_token)
         cache = self.token_cache
-        if cache is None:
+        if cache is None or not cache.trusted():
             owner = await self.store.get_token_owner(hashed)
         else:
             owner = cache.get(hashed)
@@ -294,6 +350,20 @@ class Accounts:
             await self.store.delete_all_devices(user_id, also)
         else:
             await self.store.delete_device(user_id, device_id, also)
+
+
+def _auth_session(auth: dict[str, Any] | None) -> str | None:
+    """The user-interactive-auth session a request names, if any (one longer than any
+    this server issues is not remembered)."""
+    session = auth.get("session") if isinstance(auth, dict) else None
+    if isinstance(session, str) and 0 < len(session) <= MAX_SESSION_LENGTH:
+        return session
+    return None
+
+
+def _registration_sessions_since() -> int:
+    """The oldest creation time (ms) of a registration still answered through its session."""
+    return int(time.time() * 1000) - REGISTRATION_SESSION_LIFETIME_MS
 
 
 def _check_password(password: str | None) -> None:

@@ -33,17 +33,61 @@ class AccountStore:
     def __init__(self, database: Database) -> None:
         self.db = database
 
-    async def create_user(self, user_id: str, password_hash: str | None, admin: bool) -> None:
-        def txn(t: Transaction) -> None:
+    async def create_user(
+        self,
+        user_id: str,
+        password_hash: str | None,
+        admin: bool,
+        *,
+        registration_session: str | None = None,
+        session_since_ms: int = 0,
+    ) -> str:
+        """Create ``user_id``; returns the user that ``registration_session`` (a
+        user-interactive-auth session) registered: this one, or the one an earlier
+        registration through the same session made at or after ``session_since_ms``
+        (then nothing is created; an older one is forgotten)."""
+
+        def txn(t: Transaction) -> str:
+            if registration_session is not None:
+                t.execute(
+                    "DELETE FROM registration_sessions WHERE session_id = ? AND created_ts < ?",
+                    (registration_session, session_since_ms),
+                )
+                row = t.query_one(
+                    "SELECT user_id FROM registration_sessions WHERE session_id = ?",
+                    (registration_session,),
+                )
+                if row is not None:
+                    return str(row[0])
             if t.query_one("SELECT 1 FROM users WHERE user_id = ?", (user_id,)) is not None:
                 raise UserExistsError(user_id)
+            now = _now_ms()
             t.execute(
                 "INSERT INTO users (user_id, password_hash, admin, deactivated, creation_ts)"
                 " VALUES (?, ?, ?, ?, ?)",
-                (user_id, password_hash, admin, False, _now_ms()),
+                (user_id, password_hash, admin, False, now),
             )
+            if registration_session is not None:
+                t.execute(
+                    "INSERT INTO registration_sessions (session_id, user_id, created_ts)"
+                    " VALUES (?, ?, ?)",
+                    (registration_session, user_id, now),
+                )
+            return user_id
 
-        await self.db.run_interaction(txn)
+        return await self.db.run_interaction(txn)
+
+    async def registered_by_session(self, session_id: str, since_ms: int) -> str | None:
+        """The user a registration through ``session_id`` created at or after
+        ``since_ms`` (ms since the epoch), if any."""
+        row = await self.db.run_interaction(
+            lambda t: t.query_one(
+                "SELECT user_id FROM registration_sessions"
+                " WHERE session_id = ? AND created_ts >= ?",
+                (session_id, since_ms),
+            )
+        )
+        return None if row is None else str(row[0])
 
     async def get_user(self, user_id: str) -> UserRecord | None:
         row = await self.db.run_interaction(

@@ -8,6 +8,15 @@ reaches it over replication (:meth:`TokenCache.apply_cache_row`). So a token tha
 working on one process stops working on all of them as soon as replication delivers
 that row (milliseconds), with no database read per request in between.
 
+That holds only while the rows reach this process as they are written. While the
+``caches`` stream's link from its writer is not live (connection lost, Redis down, or
+still catching up to the position the writer announced: replication's one definition,
+:meth:`~roomstream.replication.follower.FollowerSession.is_live`), a logout elsewhere
+would go unnoticed, so the cache is not trusted: :meth:`TokenCache.trusted` says no and
+every request reads the database, until the link is live again (by then the rows
+missed meanwhile have been applied). The liveness is a callable handed in by the process
+(``live``), so this module knows nothing of replication.
+
 Invariant: an entry is only ever added from a database read that started after the last
 invalidation this process applied (:attr:`TokenCache.generation` is compared), so a read
 racing with a logout can never put the logged-out token back.
@@ -16,7 +25,7 @@ racing with a logout can never put the logged-out token back.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["TOKEN_CACHE", "TokenCache"]
@@ -28,8 +37,11 @@ TOKEN_CACHE = "get_token_owner"
 class TokenCache:
     """Token hash -> (user ID, device ID), least recently used evicted first."""
 
-    def __init__(self, max_size: int = 100_000) -> None:
+    def __init__(self, max_size: int = 100_000, *, live: Callable[[], bool] | None = None) -> None:
+        """``live``: whether invalidations reach this process as they are written (None:
+        always, as on the process that writes them all)."""
         self.max_size = max_size
+        self._live = live
         self._owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._by_user: dict[str, set[str]] = {}
         #: Bumped by every invalidation; see :meth:`put`.
@@ -37,6 +49,11 @@ class TokenCache:
 
     def __len__(self) -> int:
         return len(self._owners)
+
+    def trusted(self) -> bool:
+        """Whether cached owners may answer requests now (see the module docstring);
+        when not, callers read the database and do not fill the cache."""
+        return self._live is None or self._live()
 
     def get(self, hashed: str) -> tuple[str, str] | None:
         owner = self._owners.get(hashed)

@@ -62,11 +62,18 @@ class ClientProcess:
         *,
         typing_stream: InMemoryStream | None = None,
         announce: Callable[[str], None] | None = None,
+        invalidations_live: Callable[[], bool] | None = None,
     ) -> None:
+        """``invalidations_live``: whether the ``caches`` stream reaches this process as
+        it is written (replication's liveness); while it says no, tokens are read from
+        the database (:class:`~roomstream.accounts.token_cache.TokenCache`). None: this
+        process writes every invalidation itself."""
         self.config = config
         caches_writer, forward_end_sessions = _token_invalidation(config, engine, http_client)
         self.token_cache = (
-            None if caches_writer is None and forward_end_sessions is None else TokenCache()
+            None
+            if caches_writer is None and forward_end_sessions is None
+            else TokenCache(live=invalidations_live)
         )
         self.accounts = Accounts(
             AccountStore(engine.db),
@@ -236,8 +243,14 @@ def build_client_api(
     *,
     typing_stream: InMemoryStream | None = None,
     announce: Callable[[str], None] | None = None,
+    invalidations_live: Callable[[], bool] | None = None,
 ) -> ClientProcess:
     """The Client-Server API of this instance; ``.api.install`` puts it on an app."""
     return ClientProcess(
-        config, engine, http_client, typing_stream=typing_stream, announce=announce
+        config,
+        engine,
+        http_client,
+        typing_stream=typing_stream,
+        announce=announce,
+        invalidations_live=invalidations_live,
     )

@@ -21,7 +21,7 @@ from aiohttp import web
 from roomstream.accounts import Accounts, Requester
 from roomstream.accounts.client_ips import ClientIps
 from roomstream.client.request import access_token, json_response
-from roomstream.replication.http import matrix_error_middleware
+from roomstream.replication.http import exact_json_content_type, matrix_error_middleware
 
 __all__ = ["MATRIX_PREFIX", "REQUESTER_KEY", "ClientApi", "Handler", "Route"]
 
@@ -67,6 +67,8 @@ class ClientApi:
         app.middlewares.append(matrix_errors)
         if self.client_ips is not None:
             app.middlewares.append(_client_ip_recorder(self.client_ips))
+        if exact_json_content_type not in app.on_response_prepare:
+            app.on_response_prepare.append(exact_json_content_type)
         for route in self.routes:
             path = (
                 route.path if route.absolute else f"{CLIENT_PREFIX}/{VERSION_PATTERN}{route.path}"

@@ -185,7 +185,8 @@ def userdata_routes(
         scope = request.match_info.get("scope")
         if scope is not None:
             if scope not in rules:
-                raise MatrixError(404, Codes.NOT_FOUND, f"no push rule scope {scope}")
+                # Synapse: an unknown scope is an unrecognised request, not a missing one.
+                raise MatrixError(400, Codes.UNRECOGNIZED, f"unknown push rule scope {scope!r}")
             return json_response(rules[scope])
         return json_response(rules)
 

@@ -136,6 +136,12 @@ class StreamFollower:
             out[key] = (behind, 0.0 if since is None or not behind else now - since)
         return out
 
+    def is_caught_up(self, stream_name: str, writer: str) -> bool:
+        """Every fact the writer has announced on any session has been processed."""
+        key = (stream_name, writer)
+        processed = self._processed.get(key)
+        return processed is not None and processed >= self._announced.get(key, processed)
+
     def _heard(self, key: Key, token: int) -> None:
         if token > self._announced.get(key, token - 1):
             self._announced[key] = token
@@ -193,6 +199,25 @@ class FollowerSession:
 
     def is_positioned(self, stream_name: str, writer: str) -> bool:
         return (stream_name, writer) in self._positioned
+
+    def is_live(self, stream_name: str, writer: str) -> bool:
+        """Whether facts of ``(stream, writer)`` reach this process as they are written:
+        the one definition of a *live* link, used by every transport.
+
+        Live means: this session's connection is up (``closed`` is set by the transport
+        the moment it learns the connection is lost), the writer has told this session
+        where its rows start (a POSITION arrived here), and every fact it announced has
+        been processed (no gap being fetched, no batch pending). A fact written after that
+        moment reaches this process in milliseconds; while not live it may never arrive
+        until a new session catches up, so caches kept correct by the stream must not be
+        trusted (see :class:`~roomstream.accounts.token_cache.TokenCache`).
+        """
+        return (
+            not self.closed
+            and (stream_name, writer) in self._positioned
+            and (stream_name, writer) not in self._batches
+            and self._follower.is_caught_up(stream_name, writer)
+        )
 
     def handle(self, cmd: Command) -> Gap | None:
         """Apply one received command; a :class:`Gap` means "fetch this, then continue".

@@ -81,6 +81,7 @@ __all__ = [
     "StreamTooOldHttpError",
     "bearer_auth_middleware",
     "error_response",
+    "exact_json_content_type",
     "matrix_error_middleware",
     "parse_json_object",
     "read_json",
@@ -109,7 +110,25 @@ def error_response(exc: MatrixError) -> web.Response:
     headers = None
     if exc.retry_after_ms is not None:
         headers = {"Retry-After": str(max(1, -(-exc.retry_after_ms // 1000)))}
-    return web.json_response(exc.to_json(), status=exc.http_status, headers=headers)
+    return web.Response(
+        body=orjson.dumps(exc.to_json()),
+        status=exc.http_status,
+        headers=headers,
+        content_type=JSON_CONTENT_TYPE,
+    )
+
+
+#: The Content-Type of every JSON answer, exactly (Synapse's; some clients compare it).
+JSON_CONTENT_TYPE = "application/json"
+
+
+async def exact_json_content_type(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare`` hook: a JSON answer says ``application/json`` and nothing
+    more. aiohttp adds ``; charset=utf-8`` to any text body (``web.json_response``);
+    JSON is UTF-8 by definition (RFC 8259), so the parameter says nothing, and clients
+    that compare the header exactly reject it. One hook, so no answer can escape it."""
+    if response.content_type == JSON_CONTENT_TYPE and response.charset is not None:
+        response.headers["Content-Type"] = JSON_CONTENT_TYPE
 
 
 #: aiohttp's own refusals (routing, body size), as Matrix errors.
@@ -352,6 +371,7 @@ class InternalHttpServer:
             ],
             client_max_size=MAX_BODY,
         )
+        self.app.on_response_prepare.append(exact_json_content_type)
         if metrics is not None:
             self.app.router.add_get("/metrics", self._metrics_route(metrics))
         self.app.router.add_get(PREFIX + "/health", self._health)

@@ -30,7 +30,11 @@ Invariants:
 - messages are handled strictly in order; a gap is filled before the next message;
 - a message that does not parse is never skipped silently: it may have been a row, so the
   process starts a new follower session (``REPLICATE``, then catch-up by position), as
-  after a resubscription.
+  after a resubscription;
+- a lost connection is known at once: redis-py's own retries (ten reconnects over about
+  4 s, during which the subscription looked alive while nothing was delivered) are off,
+  so the first error ends the subscription (``subscribed`` cleared, session closed) or
+  marks publishing as failing, and this module's loops reconnect with their back-off.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from roomstream.errors import MatrixError
@@ -74,6 +80,11 @@ PUBLISH_BATCH = 1000
 #: Longest line (bytes, without a newline) published or accepted over Redis. Synapse has
 #: no limit there; this one only guards memory against a broken or hostile peer.
 MAX_REDIS_LINE_LENGTH = 16 * 1024 * 1024
+
+
+def _no_retries() -> Retry:
+    """redis-py retries nothing: every connection error reaches this module's loops."""
+    return Retry(NoBackoff(), 0, supported_errors=())
 
 
 def channel_name(server_name: str) -> str:
@@ -118,7 +129,12 @@ class RedisReplication:
         self.user_ip_channel = user_ip_channel_name(server_name)
         self.receive_user_ip = receive_user_ip
         self.max_line_length = max_line_length
-        self._connect_kwargs: dict[str, Any] = {"host": host, "port": port, "db": db}
+        self._connect_kwargs: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "db": db,
+            "retry": _no_retries(),
+        }
         self._url = url
         self.follower = follower
         self._fetch = fetch
@@ -137,16 +153,19 @@ class RedisReplication:
         self._subscriber: aioredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._confirmed = False
         self.subscribed = asyncio.Event()
         self.positioned = asyncio.Event()
         self.subscriptions = 0
         #: Messages that did not parse (each one started a new session and catch-up).
         self.unparseable = 0
         self.session: FollowerSession | None = None
+        #: The last publish failed (cleared by the next one that succeeds).
+        self.publish_failing = False
 
     def _client(self) -> aioredis.Redis:
         if self._url is not None:
-            return aioredis.Redis.from_url(self._url)
+            return aioredis.Redis.from_url(self._url, retry=_no_retries())
         return aioredis.Redis(**self._connect_kwargs)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -221,12 +240,14 @@ class RedisReplication:
                 try:
                     await self._publish(batch)
                 except (RedisError, OSError) as exc:
+                    self.publish_failing = True
                     failures += 1
                     delay = self._delay(failures)
                     logger.warning("redis publish failed (%s); retry in %.2fs", exc, delay)
                     await asyncio.sleep(delay)
                     continue
                 failures = 0
+                self.publish_failing = False
                 for _ in batch:
                     self._queue.popleft()
                 if len(self._queue) < self.max_outbound_lines:
@@ -262,12 +283,27 @@ class RedisReplication:
             except Exception:
                 logger.exception("redis subscription failed")
             finally:
-                self.subscribed.clear()
-                self.positioned.clear()
-                if self.session is not None:
-                    self.session.closed = True
-            failures += 1
+                self._subscription_lost()
+            failures = 1 if self._confirmed else failures + 1
+            self._confirmed = False
             await asyncio.sleep(self._delay(failures))
+
+    def _subscription_lost(self) -> None:
+        self.subscribed.clear()
+        self.positioned.clear()
+        if self.session is not None:
+            self.session.closed = True
+
+    def live(self, stream_name: str, writer: str) -> bool:
+        """Rows of ``(stream, writer)`` arrive as written: the subscription is confirmed,
+        no error has ended it since, and the follower session is live
+        (:meth:`~roomstream.replication.follower.FollowerSession.is_live`)."""
+        session = self.session
+        return (
+            self.subscribed.is_set()
+            and session is not None
+            and session.is_live(stream_name, writer)
+        )
 
     async def _subscribe_once(self) -> None:
         client = self._subscriber = self._client()
@@ -289,11 +325,14 @@ class RedisReplication:
                 elif kind == "message":
                     await self._on_message(message["data"])
         finally:
+            # Known lost before closing (which may itself wait on the broken connection).
+            self._subscription_lost()
             with contextlib.suppress(RedisError, OSError):
                 await client.aclose()
 
     def _on_subscribed(self) -> None:
         self.subscriptions += 1
+        self._confirmed = True
         self.session = self.follower.new_session() if self.follower is not None else None
         self.subscribed.set()
         self.send(ReplicateCommand())

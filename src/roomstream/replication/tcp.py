@@ -797,6 +797,18 @@ class ReplicationClient:
         protocol = self._protocol
         return protocol is not None and not protocol.closed and protocol.send(cmd)
 
+    def live(self, stream_name: str, writer: str) -> bool:
+        """Rows of ``(stream, writer)`` arrive as written: the current connection is up
+        (the server said ``SERVER``, nothing has closed it since) and its follower session
+        is live (:meth:`~roomstream.replication.follower.FollowerSession.is_live`)."""
+        protocol = self._protocol
+        return (
+            self.connected.is_set()
+            and protocol is not None
+            and not protocol.closed
+            and protocol.session.is_live(stream_name, writer)
+        )
+
     def disconnect(self) -> None:
         """Drop the current connection (it reconnects); for tests and operators."""
         if self._protocol is not None:

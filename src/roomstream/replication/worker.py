@@ -146,6 +146,8 @@ class ReplicationNode:
         )
         self.server: ReplicationServer | None = None
         self.clients: list[ReplicationClient] = []
+        #: The TCP client following each writer instance (one per instance followed).
+        self._client_of: dict[str, ReplicationClient] = {}
         self.redis: RedisReplication | None = None
         self.http: InternalHttpServer | None = None
         #: The Client-Server API served on the HTTP listener (None without http_port).
@@ -282,6 +284,7 @@ class ReplicationNode:
                 )
                 client.start()
                 self.clients.append(client)
+                self._client_of[name] = client
         if me.http_port is not None:
             events_writer = self.instance_name in config.writers_of("events")
             from roomstream.client import build_client_api  # composes above replication
@@ -293,6 +296,7 @@ class ReplicationNode:
                 self.http_client,
                 typing_stream=self.memory.get("typing"),
                 announce=self.broadcaster.notify,
+                invalidations_live=lambda: self.stream_live("caches"),
             )
             self.http = InternalHttpServer(
                 config,
@@ -385,12 +389,34 @@ class ReplicationNode:
         self.broadcaster.notify("typing")
         return token
 
+    def stream_live(self, stream_name: str) -> bool:
+        """Whether every other writer's facts of ``stream_name`` reach this process as
+        they are written: the link carrying each is live (the transports'
+        ``live``, defined once by
+        :meth:`~roomstream.replication.follower.FollowerSession.is_live`). A writer with
+        no link (not followed) is never live."""
+        for writer in self.engine.streams.generator(stream_name).writers:
+            if writer == self.instance_name:
+                continue
+            if self.redis is not None:
+                if not self.redis.live(stream_name, writer):
+                    return False
+                continue
+            client = self._client_of.get(writer)
+            if client is None or not client.live(stream_name, writer):
+                return False
+        return True
+
     def replication_problems(self) -> list[str]:
-        """Why replication is degraded right now: one line per link that is down."""
+        """Why replication is degraded right now: one line per link that is down (known
+        the moment a transport sees the connection fail, not after a ping timeout)."""
         problems = []
-        if self.redis is not None and not self.redis.subscribed.is_set():
+        if self.redis is not None:
             redis = self.config.redis
-            problems.append(f"not subscribed to redis at {redis.host}:{redis.port}")
+            if not self.redis.subscribed.is_set():
+                problems.append(f"not subscribed to redis at {redis.host}:{redis.port}")
+            if self.redis.publish_failing:
+                problems.append(f"cannot publish to redis at {redis.host}:{redis.port}")
         for client in self.clients:
             if not client.connected.is_set():
                 problems.append(f"not connected to the replication server at {client.address}")
