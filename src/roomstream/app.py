@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 from rich.console import Console
 
-from roomstream.config import Config
+from roomstream.config import Config, ConfigError
 from roomstream.errors import ServiceUnavailableError
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
@@ -63,10 +63,15 @@ async def run_with_demo_traffic(config: Config, console: Console) -> int:
     from roomstream.replication.secret import secret_path
     from roomstream.replication.worker import run_instance
 
+    me = config.instance()
+    if me.internal_port is None:
+        raise ConfigError(
+            f"instances.{config.instance_name}.internal_port: --demo sends its traffic"
+            " through the internal API, which needs one"
+        )
     stop = asyncio.Event()
     instance = asyncio.create_task(run_instance(config, console, stop=stop))
     client = InternalHttpClient(config)
-    me = config.instance()
     try:
         while True:  # readiness: the health endpoint answers
             if instance.done():
