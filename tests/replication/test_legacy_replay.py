@@ -24,7 +24,7 @@ from .test_replication_nodes import (
     tcp_instances,
     write_invalidations,
 )
-from .test_tcp_server import Raw
+from .test_tcp_server import Raw, connect_to
 
 
 async def start_writer(cluster_factory: ClusterFactory) -> ReplicationNode:  # noqa: F811
@@ -34,15 +34,6 @@ async def start_writer(cluster_factory: ClusterFactory) -> ReplicationNode:  # n
         instances=tcp_instances("w1"),
     )
     return await cluster.start("w1")
-
-
-async def connect(writer: ReplicationNode) -> Raw:
-    """A plain connection to the writer's replication port, past the deployment's secret
-    (always required: configured, or generated in the data directory)."""
-    assert writer.server is not None and writer.settings.shared_secret is not None
-    raw = await Raw.connect(writer.server.port)
-    await raw.send(f"AUTH {writer.settings.shared_secret}\n".encode())
-    return raw
 
 
 class Tail:
@@ -97,7 +88,7 @@ async def test_replay_from_an_old_token_while_writing_is_exact(
             await asyncio.sleep(0)  # interleave with the replay
 
     committing = asyncio.create_task(keep_committing())
-    raw = await connect(writer)
+    raw = await connect_to(writer)
     tail = Tail(raw)
     try:
         await raw.send(f"NAME tail\nREPLICATE caches {old}\n".encode())
@@ -130,8 +121,8 @@ async def test_replicate_all_now_and_the_bare_form(
 ) -> None:
     writer = await start_writer(cluster_factory)
     await write_invalidations(writer, 5)
-    now_raw = await connect(writer)
-    bare_raw = await connect(writer)
+    now_raw = await connect_to(writer)
+    bare_raw = await connect_to(writer)
     try:
         # NOW: nothing old, the current positions of every stream, then the live rows.
         await now_raw.send(b"REPLICATE ALL NOW\n")
@@ -165,7 +156,7 @@ async def test_replicate_refuses_unknown_streams_and_bad_tokens(
     error: str,
 ) -> None:
     writer = await start_writer(cluster_factory)
-    raw = await connect(writer)
+    raw = await connect_to(writer)
     try:
         await raw.send(line)
         assert (await raw.until("ERROR")).startswith(error)
