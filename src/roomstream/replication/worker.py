@@ -517,6 +517,7 @@ async def run_instance(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run ``config.instance_name`` until SIGTERM/SIGINT (or ``stop`` is set); exit code."""
+    effective_shared_secret(config)  # an unusable secret file stops us before anything opens
     engine = await RoomEngine.open(config)
     node = ReplicationNode(config, engine, record_path=record_path, socket_buffer=socket_buffer)
     stop = stop or asyncio.Event()
