@@ -214,8 +214,8 @@ def _make_config(transport: str, dsn: str, workdir: Path) -> tuple[dict[str, Any
         "database": {"engine": "postgres", "dsn": dsn, "pool_min": 2, "pool_max": 8},
         "stream_writers": {"caches": ["w1"], "events": ["w1"]},
         "instances": {
-            "w1": {"replication_port": free_port(), "http_port": free_port()},
-            "reader": {"http_port": free_port()},
+            "w1": {"replication_port": free_port(), "internal_port": free_port()},
+            "reader": {"internal_port": free_port()},
         },
         "replication": {"transport": transport, "max_outbound_lines": 100_000},
     }

@@ -127,7 +127,8 @@ def test_run_demo_serves_until_stopped(tmp_path: Path) -> None:
 
     http_port = free_port()
     (tmp_path / "roomstream.yaml").write_text(
-        f"instances: {{main: {{replication_port: {free_port()}, http_port: {http_port}}}}}\n"
+        f"instances: {{main: {{replication_port: {free_port()}, http_port: {http_port},"
+        f" internal_port: {free_port()}}}}}\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "roomstream.cli", "-c", "roomstream.yaml", "run", "--demo"],

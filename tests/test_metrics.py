@@ -23,6 +23,7 @@ from roomstream.replication import follower as follower_module
 from roomstream.replication.commands import PositionCommand, RdataCommand
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import InternalHttpClient
+from roomstream.replication.secret import effective_shared_secret
 
 from .ports import free_port
 
@@ -84,8 +85,12 @@ def two_instances(tmp_path: Path) -> Iterator[tuple[dict[str, Any], dict[str, Pa
         "data_dir": str(tmp_path / "data"),
         "stream_writers": {"events": ["w1"]},
         "instances": {
-            "w1": {"replication_port": free_port(), "http_port": free_port()},
-            "reader": {"http_port": free_port()},
+            "w1": {
+                "replication_port": free_port(),
+                "http_port": free_port(),
+                "internal_port": free_port(),
+            },
+            "reader": {"http_port": free_port(), "internal_port": free_port()},
         },
     }
     config = tmp_path / "roomstream.yaml"
@@ -122,7 +127,9 @@ async def test_metrics_of_real_instances_after_traffic(
     raw, logs = two_instances
     config = parse_config(raw)
     client = InternalHttpClient(config, timeout=10)
-    ports = {name: raw["instances"][name]["http_port"] for name in ("w1", "reader")}
+    # /metrics is on the internal listener, behind the deployment's secret.
+    ports = {name: raw["instances"][name]["internal_port"] for name in ("w1", "reader")}
+    auth = {"Authorization": f"Bearer {effective_shared_secret(config)}"}
 
     async def wait_for(check: Any, what: str, limit: float = 60) -> Any:
         deadline = time.monotonic() + limit
@@ -139,7 +146,7 @@ async def test_metrics_of_real_instances_after_traffic(
             await asyncio.sleep(0.05)
 
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=auth) as http:
 
             async def scrape(name: str) -> dict[str, list[tuple[dict[str, str], float]]]:
                 async with http.get(f"http://127.0.0.1:{ports[name]}/metrics") as resp:

@@ -92,7 +92,11 @@ def test_run_processes_started_together_all_come_up(
                 "database": _database_section(db_config),
                 "stream_writers": {"events": ["writer1", "writer2"]},
                 "instances": {
-                    name: {"replication_port": free_port(), "http_port": free_port()}
+                    name: {
+                        "replication_port": free_port(),
+                        "http_port": free_port(),
+                        "internal_port": free_port(),
+                    }
                     for name in names
                 },
             }

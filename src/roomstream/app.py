@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 from rich.console import Console
 
-from roomstream.config import Config
+from roomstream.config import Config, ConfigError
 from roomstream.errors import ServiceUnavailableError
 from roomstream.homeserver import open_room_engine
 from roomstream.rooms.creation import RoomPreset
@@ -60,12 +60,18 @@ async def run_with_demo_traffic(config: Config, console: Console) -> int:
     """Run the instance and, through its own internal HTTP API, create a room and send a
     message every 2 seconds, so a person watching the replication port sees RDATA."""
     from roomstream.replication.http import InternalHttpClient
+    from roomstream.replication.secret import secret_path
     from roomstream.replication.worker import run_instance
 
+    me = config.instance()
+    if me.internal_port is None:
+        raise ConfigError(
+            f"instances.{config.instance_name}.internal_port: --demo sends its traffic"
+            " through the internal API, which needs one"
+        )
     stop = asyncio.Event()
     instance = asyncio.create_task(run_instance(config, console, stop=stop))
     client = InternalHttpClient(config)
-    me = config.instance()
     try:
         while True:  # readiness: the health endpoint answers
             if instance.done():
@@ -75,8 +81,16 @@ async def run_with_demo_traffic(config: Config, console: Console) -> int:
                 break
             except (OSError, aiohttp.ClientError, ServiceUnavailableError):
                 await asyncio.sleep(0.1)  # polling a server that is starting
+        # The replication port wants the deployment's secret first (AUTH); the command
+        # reads it from its file rather than printing the secret itself.
+        auth = (
+            "AUTH <replication.shared_secret>"
+            if config.replication.shared_secret
+            else f"AUTH $(cat {secret_path(config)})"
+        )
         console.print(
-            f"watch the events stream: nc 127.0.0.1 {me.replication_port}  (Ctrl-C stops)",
+            f'watch the events stream: (echo "{auth}"; cat) | nc 127.0.0.1 '
+            f"{me.replication_port}  (Ctrl-C stops)",
             markup=False,
             highlight=False,
         )

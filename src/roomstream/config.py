@@ -12,10 +12,15 @@ Example (every key optional)::
     stream_writers:                # stream -> the instances that write it
       events: [writer1, writer2]
     instances:                     # where each instance listens (default: main on
-      main: {replication_port: 9092, http_port: 8008}   # 127.0.0.1:9092 and :8008)
+      main: {replication_port: 9092, http_port: 8008, internal_port: 9093}  # 127.0.0.1)
+      # http_port: the Matrix Client-Server API (/_matrix, /.well-known) only;
+      # internal_port: the internal API (/_roomstream/replication/..., /metrics), always
+      # behind the shared secret; an instance without one cannot be forwarded to
     replication:
       transport: tcp               # or redis
-      shared_secret: null          # required when a listener binds beyond loopback
+      shared_secret: null          # null: generated in <data_dir>/replication_secret
+                                   # (mode 0600) at first start; required when a
+                                   # listener binds beyond loopback
     redis: {host: 127.0.0.1, port: 6379}
     enable_registration: true      # open POST /_matrix/client/v3/register (false: closed;
                                    # `roomstream register` still creates users)
@@ -61,7 +66,10 @@ class ConfigError(ValueError):
 class InstanceConfig:
     host: str = "127.0.0.1"
     replication_port: int | None = None
+    #: The Matrix Client-Server API's listener (nothing internal is served there).
     http_port: int | None = None
+    #: The internal HTTP API's listener (``/_roomstream/replication``, ``/metrics``).
+    internal_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -281,7 +289,9 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         instances[str(name)] = _section(InstanceConfig, spec, f"instances.{name}", problems)
     if "instances" not in raw:
         # One process, no file: main listens on loopback so `nc 127.0.0.1 9092` works.
-        instances = {"main": InstanceConfig(replication_port=9092, http_port=8008)}
+        instances = {
+            "main": InstanceConfig(replication_port=9092, http_port=8008, internal_port=9093)
+        }
     replication = _section(ReplicationConfig, raw.get("replication"), "replication", problems)
     redis = _section(RedisConfig, raw.get("redis"), "redis", problems)
     http = _section(HttpConfig, raw.get("http"), "http", problems)
@@ -363,9 +373,9 @@ def _listener_problems(
         if not is_loopback(instance.host) and not replication.shared_secret:
             problems.append(
                 f"instances.{name}.host is {instance.host}, beyond loopback: "
-                "set replication.shared_secret to protect internal endpoints"
+                "set replication.shared_secret (the generated one is local to this machine)"
             )
-        for key in ("replication_port", "http_port"):
+        for key in ("replication_port", "http_port", "internal_port"):
             port = getattr(instance, key)
             if port is None:
                 continue

@@ -188,7 +188,13 @@ async def running_server(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIter
         "server_name": SERVER_NAME,
         "data_dir": str(tmp_path / "data"),
         "database": database,
-        "instances": {"main": {"http_port": http_port, "replication_port": free_port()}},
+        "instances": {
+            "main": {
+                "http_port": http_port,
+                "internal_port": free_port(),
+                "replication_port": free_port(),
+            }
+        },
     }
     config_path = tmp_path / "roomstream.yaml"
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")

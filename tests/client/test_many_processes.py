@@ -52,9 +52,17 @@ async def run_cluster(
         "database": {"engine": "postgres", "dsn": pg_database, "schema": schema},
         "stream_writers": {"events": ["w1", "w2"], **stream_writers},
         "instances": {
-            "w1": {"replication_port": free_port(), "http_port": free_port()},
-            "w2": {"replication_port": free_port(), "http_port": free_port()},
-            "reader": {"http_port": free_port()},
+            "w1": {
+                "replication_port": free_port(),
+                "http_port": free_port(),
+                "internal_port": free_port(),
+            },
+            "w2": {
+                "replication_port": free_port(),
+                "http_port": free_port(),
+                "internal_port": free_port(),
+            },
+            "reader": {"http_port": free_port(), "internal_port": free_port()},
         },
         "replication": {"transport": "redis"},
     }

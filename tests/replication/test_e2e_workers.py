@@ -164,9 +164,9 @@ async def test_writers_killed_and_slow_reader_lose_nothing(
         "database": {"engine": "postgres", "dsn": dsn, "schema": schema, "pool_min": 1},
         "stream_writers": {"events": ["w1", "w2"]},
         "instances": {
-            "w1": {"replication_port": free_port(), "http_port": free_port()},
-            "w2": {"replication_port": free_port(), "http_port": free_port()},
-            "reader": {"http_port": free_port()},
+            "w1": {"replication_port": free_port(), "internal_port": free_port()},
+            "w2": {"replication_port": free_port(), "internal_port": free_port()},
+            "reader": {"internal_port": free_port()},
         },
         # A stopped reader must be dropped for congestion, never for silence: with the
         # default 15 s ping time-out, a slow machine (fewer events a second) let the ping

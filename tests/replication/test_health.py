@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from roomstream.replication.secret import SECRET_FILE, load_or_create_secret
 from tests.ports import free_port
 
 REDIS = ("127.0.0.1", 6379)
@@ -67,13 +68,15 @@ def _start_run(config: Path, log: Path) -> subprocess.Popen[bytes]:
 
 
 async def test_unreachable_redis_is_degraded_not_ready(tmp_path: Path, redis_url: str) -> None:
-    redis_port, http_port = free_port(), free_port()
+    redis_port, internal_port = free_port(), free_port()
     config = tmp_path / "roomstream.yaml"
     config.write_text(
         yaml.safe_dump(
             {
                 "server_name": "health.test",
-                "instances": {"main": {"replication_port": free_port(), "http_port": http_port}},
+                "instances": {
+                    "main": {"replication_port": free_port(), "internal_port": internal_port}
+                },
                 "replication": {"transport": "redis"},
                 "redis": {"host": "127.0.0.1", "port": redis_port},
             }
@@ -81,13 +84,16 @@ async def test_unreachable_redis_is_degraded_not_ready(tmp_path: Path, redis_url
     )
     log = tmp_path / "main.log"
     proc = _start_run(config, log)
-    health_url = f"http://127.0.0.1:{http_port}/_roomstream/replication/health"
+    health_url = f"http://127.0.0.1:{internal_port}/_roomstream/replication/health"
+    # The process generates the deployment's secret in its data directory (cwd/data).
+    secret = load_or_create_secret(tmp_path / "data" / SECRET_FILE)
     proxy: asyncio.Server | None = None
     try:
         async with aiohttp.ClientSession() as http:
 
             async def health() -> dict[str, Any]:
-                async with http.get(health_url) as resp:
+                headers = {"Authorization": f"Bearer {secret}"}
+                async with http.get(health_url, headers=headers) as resp:
                     assert resp.status == 200
                     body: dict[str, Any] = await resp.json()
                     return body

@@ -13,6 +13,7 @@ from tests.sharding import room_ids_for_writer, rooms_by_owner
 from .test_replication_nodes import (
     ClusterFactory,
     cluster_factory,  # noqa: F401  (fixture)
+    internal_auth,
     tcp_instances,
 )
 
@@ -39,7 +40,7 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
     owners = {room: owner for owner, rooms in by_owner.items() for room in rooms}
     rooms = list(owners)
     base = {name: w1.http_client.base_url(name) for name in ("w1", "w2")}
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=internal_auth(cluster.config)) as http:
         for room, owner in owners.items():
             for entry in ("w1", "w2"):  # either instance accepts it; the owner persists it
                 body = {"sender": alice, "type": "m.room.message", "content": {"body": entry}}
@@ -144,7 +145,7 @@ async def test_writer_down_unknown_room_and_second_create_are_matrix_errors(
     base = w1.http_client.base_url("w1")
     message = {"sender": alice, "type": "m.room.message", "content": {"body": "hi"}}
     caplog.set_level(logging.INFO, logger="roomstream")
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=internal_auth(cluster.config)) as http:
 
         async def post(room: str, body: dict[str, object]) -> tuple[int, dict[str, object]]:
             async with http.post(f"{base}/rooms/{room}/send_event", json=body) as r:
@@ -194,7 +195,7 @@ async def test_forwarded_client_writes_are_validated_and_only_taken_by_their_wri
     alice = f"@alice:{cluster.config.server_name}"
     base = {name: w1.http_client.base_url(name) + "/client" for name in ("w1", "w2")}
     good = {"user_id": alice, "type": "org.example.a", "content": {"a": 1}}
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=internal_auth(cluster.config)) as http:
 
         async def post(url: str, body: object) -> tuple[int, dict[str, object]]:
             async with http.post(url, json=body) as r:

@@ -24,7 +24,7 @@ from .test_replication_nodes import (
     tcp_instances,
     write_invalidations,
 )
-from .test_tcp_server import Raw
+from .test_tcp_server import Raw, connect_to
 
 
 async def start_writer(cluster_factory: ClusterFactory) -> ReplicationNode:  # noqa: F811
@@ -88,7 +88,7 @@ async def test_replay_from_an_old_token_while_writing_is_exact(
             await asyncio.sleep(0)  # interleave with the replay
 
     committing = asyncio.create_task(keep_committing())
-    raw = await Raw.connect(writer.server.port if writer.server else 0)
+    raw = await connect_to(writer)
     tail = Tail(raw)
     try:
         await raw.send(f"NAME tail\nREPLICATE caches {old}\n".encode())
@@ -121,10 +121,8 @@ async def test_replicate_all_now_and_the_bare_form(
 ) -> None:
     writer = await start_writer(cluster_factory)
     await write_invalidations(writer, 5)
-    assert writer.server is not None
-    port = writer.server.port
-    now_raw = await Raw.connect(port)
-    bare_raw = await Raw.connect(port)
+    now_raw = await connect_to(writer)
+    bare_raw = await connect_to(writer)
     try:
         # NOW: nothing old, the current positions of every stream, then the live rows.
         await now_raw.send(b"REPLICATE ALL NOW\n")
@@ -158,8 +156,7 @@ async def test_replicate_refuses_unknown_streams_and_bad_tokens(
     error: str,
 ) -> None:
     writer = await start_writer(cluster_factory)
-    assert writer.server is not None
-    raw = await Raw.connect(writer.server.port)
+    raw = await connect_to(writer)
     try:
         await raw.send(line)
         assert (await raw.until("ERROR")).startswith(error)

@@ -21,6 +21,7 @@ import pytest
 from roomstream.caches import CacheInvalidator, stream_invalidation_txn
 from roomstream.config import Config, parse_config
 from roomstream.homeserver import open_room_engine
+from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.worker import ReplicationNode
 from roomstream.storage import DatabaseConfig, Transaction
 from roomstream.streams import STREAMS
@@ -136,8 +137,14 @@ def tcp_instances(*names: str, http: bool = False) -> dict[str, dict[str, Any]]:
         spec: dict[str, Any] = {"replication_port": free_port()}
         if http:
             spec["http_port"] = free_port()
+            spec["internal_port"] = free_port()
         out[name] = spec
     return out
+
+
+def internal_auth(config: Config) -> dict[str, str]:
+    """The header the internal HTTP API wants from every caller."""
+    return {"Authorization": f"Bearer {effective_shared_secret(config)}"}
 
 
 async def caches_writer_and_reader(

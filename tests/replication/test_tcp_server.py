@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -106,6 +107,15 @@ async def _read_until_closed(sock: socket.socket) -> tuple[bytes, bool]:
     return data, False
 
 
+async def connect_to(node: ReplicationNode) -> Raw:
+    """A plain connection to the node's own replication port, past the deployment's secret
+    (always required there: configured, or generated in the data directory)."""
+    assert node.server is not None and node.settings.shared_secret is not None
+    raw = await Raw.connect(node.server.port)
+    await raw.send(f"AUTH {node.settings.shared_secret}\n".encode())
+    return raw
+
+
 async def server_for(writer: ReplicationNode, **settings: object) -> ReplicationServer:
     server = ReplicationServer(
         writer.config.server_name, writer.broadcaster, TcpSettings(**settings)
@@ -166,10 +176,10 @@ async def test_bad_input_closes_only_that_connection(
 ) -> None:
     server = writer.server
     assert server is not None
-    good = await Raw.connect(server.port)
+    good = await connect_to(writer)
     await good.send(b"NAME good\nREPLICATE\n")
     await good.until("POSITION caches")
-    bad = [await Raw.connect(server.port) for _ in range(3)]
+    bad = [await connect_to(writer) for _ in range(3)]
     for raw in bad:
         await raw.send(payload)
         line = await raw.until("ERROR ")
@@ -280,13 +290,16 @@ async def test_shared_secret_authentication(writer: ReplicationNode) -> None:
     finally:
         await server.close()
         await quick.close()
-    # A server without a secret ignores a leading AUTH line.
-    plain = writer.server
-    assert plain is not None
-    raw = await Raw.connect(plain.port)
-    await raw.send(b"AUTH whatever\nREPLICATE\n")
-    await raw.until("POSITION caches")
-    raw.close()
+    # A server without a secret (only tests build one: a node always has a secret)
+    # ignores a leading AUTH line.
+    plain = await server_for(writer)
+    try:
+        raw = await Raw.connect(plain.port)
+        await raw.send(b"AUTH whatever\nREPLICATE\n")
+        await raw.until("POSITION caches")
+        raw.close()
+    finally:
+        await plain.close()
 
 
 class _NoCallbacks:
@@ -314,7 +327,7 @@ async def test_wrong_server_name_is_refused_and_retried(writer: ReplicationNode)
         expected_server_name="someone.else",
         follower=follower,
         fetch=_no_fetch,
-        settings=TcpSettings(backoff_initial=0.01, backoff_max=0.05),
+        settings=replace(writer.settings, backoff_initial=0.01, backoff_max=0.05),
     )
     client.start()
     try:

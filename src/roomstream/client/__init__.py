@@ -218,15 +218,15 @@ def _token_invalidation(
 ) -> tuple[StreamIdGenerator | None, EndSessions | None]:
     """How this process ends sessions so that every process's token cache forgets them:
     it writes the ``caches`` stream itself, or forwards to the process that does. Neither
-    (no ``caches`` writer among the configured instances with an ``http_port``): no token
-    cache."""
+    (no ``caches`` writer among the configured instances with an ``internal_port``): no
+    token cache."""
     if "caches" not in engine.streams:
         return None, None
     generator = engine.streams.generator("caches")
     if generator.is_writer():
         return generator, None
     writer = config.writers_of("caches")[0]
-    if http_client is None or not config.instance(writer).http_port:
+    if http_client is None or not config.instance(writer).internal_port:
         return None, None  # cannot reach it: logouts could not end tokens elsewhere
     client = http_client
 

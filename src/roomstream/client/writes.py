@@ -43,7 +43,7 @@ T = TypeVar("T")
 async def forwarded_call(instance: str, call: Awaitable[T]) -> T:
     """Await a call to ``instance``; any failure to reach it is a 503 (the internal client
     already maps refused and timed-out connections; this catches the rest, and an
-    instance with no ``http_port`` configured)."""
+    instance with no ``internal_port`` configured)."""
     try:
         return await call
     except MatrixError:

@@ -1,5 +1,10 @@
 """The internal HTTP API between roomstream processes (aiohttp), and its client.
 
+It has a listener of its own, ``internal_port`` (127.0.0.1:9093 by default), apart from
+the Client-Server API's ``http_port`` (:class:`HttpListener`, :func:`client_listener`):
+the client listener serves nothing under ``/_roomstream`` (404 ``M_UNRECOGNIZED``), so a
+reverse proxy in front of it never exposes the internal API.
+
 Routes, under ``/_roomstream/replication``:
 
 - ``GET /health``: liveness and this process's replication status (JSON);
@@ -33,7 +38,8 @@ forwarding process has already authenticated the user and checked membership:
 - ``POST /client/to_device`` with ``{"sender", "type", "messages"}``;
 - ``POST /client/typing`` with ``{"room_id", "user_id", "typing", "timeout"}``.
 
-And ``GET /metrics`` (no prefix): Prometheus metrics (:mod:`roomstream.metrics`).
+And ``GET /metrics`` (no prefix): Prometheus metrics (:mod:`roomstream.metrics`), on this
+listener too (operational, like ``/health``).
 
 Errors are Matrix-style JSON bodies ``{"errcode": ..., "error": ...}``, produced in one
 place, :func:`matrix_error_middleware`, which any aiohttp application of roomstream can
@@ -42,12 +48,12 @@ responses themselves (requests aiohttp's parser refuses before any handler runs 
 answered as JSON by :mod:`roomstream.listener`, the listener's runner).
 Invariant: no request is ever answered with a bare (non-JSON) error,
 and no input makes a handler answer 500; an unreachable process answers 503
-``M_UNAVAILABLE`` with ``retry_after_ms``, logged once per outage. When a shared secret is
-configured every request must carry ``Authorization: Bearer <secret>`` (compared in
-constant time), except under ``open_prefixes``: other APIs served on the same listener
-(``extensions``: the Client-Server API under ``/_matrix``) with their own authentication.
-The listener binds to the instance's host, loopback by default; configuration validation
-refuses a non-loopback host without a secret.
+``M_UNAVAILABLE`` with ``retry_after_ms``, logged once per outage. Every request must
+carry ``Authorization: Bearer <secret>`` (compared in constant time; 401 ``M_UNAUTHORIZED``
+otherwise), the secret being the configured ``replication.shared_secret`` or the one
+generated in the data directory (:mod:`roomstream.replication.secret`): there is no
+unauthenticated mode. The listener binds to the instance's host, loopback by default;
+configuration validation refuses a non-loopback host without a configured secret.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
@@ -65,21 +71,24 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from roomstream import exactjson
-from roomstream.config import Config
+from roomstream.config import Config, HttpConfig
 from roomstream.errors import Codes, MatrixError, ServiceUnavailableError
 from roomstream.events.canonical import MAX_NESTING_DEPTH
 from roomstream.listener import GuardedAppRunner
 from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
+from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
 
 __all__ = [
     "PREFIX",
     "ClientWrites",
+    "HttpListener",
     "InternalHttpClient",
     "InternalHttpServer",
     "StreamTooOldHttpError",
     "bearer_auth_middleware",
+    "client_listener",
     "error_response",
     "exact_json_content_type",
     "matrix_error_middleware",
@@ -200,22 +209,19 @@ async def matrix_error_middleware(request: web.Request, handler: Handler) -> web
         return error_response(MatrixError(500, Codes.UNKNOWN, "internal error"))
 
 
-def bearer_auth_middleware(
-    secret: str | None, open_prefixes: Sequence[str] = ()
-) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Refuse (401 ``M_UNAUTHORIZED``) requests without ``Authorization: Bearer <secret>``;
-    lets everything through when ``secret`` is None, and paths under ``open_prefixes``
-    (APIs with their own authentication). Compared in constant time."""
-    expected = None if secret is None else secret.encode()
-    open_paths = tuple(open_prefixes)
+def bearer_auth_middleware(secret: str) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Refuse (401 ``M_UNAUTHORIZED``) every request without ``Authorization: Bearer
+    <secret>``, compared in constant time. An empty secret would let anyone in: refused."""
+    if not secret:
+        raise ValueError("the internal API needs a non-empty secret")
+    expected = secret.encode()
 
     @web.middleware
     async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and not request.path.startswith(open_paths):
-            header = request.headers.get("Authorization", "")
-            token = header[7:] if header.startswith("Bearer ") else ""
-            if not hmac.compare_digest(token.encode(errors="surrogateescape"), expected):
-                raise MatrixError(401, Codes.UNAUTHORIZED, "missing or wrong bearer token")
+        header = request.headers.get("Authorization", "")
+        token = header[7:] if header.startswith("Bearer ") else ""
+        if not hmac.compare_digest(token.encode(errors="surrogateescape"), expected):
+            raise MatrixError(401, Codes.UNAUTHORIZED, "missing or wrong bearer token")
         return await handler(request)
 
     return bearer_auth
@@ -332,8 +338,51 @@ def quiet_client_protocol_errors() -> None:
         server_logger.addFilter(_PROTOCOL_ERROR_FILTER)
 
 
-class InternalHttpServer:
-    """Serves the routes above for one instance.
+class HttpListener:
+    """One aiohttp application on one TCP port (``start``: 0 picks a free one), with the
+    connection limits of ``limits`` (timeouts, a per-address cap) and aiohttp's own
+    refusals answered as Matrix JSON (:mod:`roomstream.listener`)."""
+
+    def __init__(self, app: web.Application, limits: HttpConfig) -> None:
+        self.app = app
+        self.limits = limits
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port``; the port actually bound."""
+        quiet_client_protocol_errors()
+        self._runner = GuardedAppRunner(self.app, self.limits, access_log=None)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, host, port)
+        await self._site.start()
+        server = self._site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        return self.port
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def client_listener(install: Callable[[web.Application], None], limits: HttpConfig) -> HttpListener:
+    """The Client-Server API's listener (``http_port``): what ``install`` adds (routes
+    under ``/_matrix`` and ``/.well-known``) and nothing else, so every internal path
+    answers 404 ``M_UNRECOGNIZED`` there."""
+    app = web.Application(
+        middlewares=[http_metrics_middleware, matrix_error_middleware],
+        client_max_size=MAX_BODY,
+    )
+    install(app)
+    return HttpListener(app, limits)
+
+
+class InternalHttpServer(HttpListener):
+    """Serves the routes above for one instance, on its ``internal_port``, to callers
+    that present the deployment's secret.
 
     ``send_event`` / ``create_room`` persist locally (None: this instance is no events
     writer); ``status`` supplies the health document's extra fields.
@@ -349,8 +398,6 @@ class InternalHttpServer:
         status: Callable[[], dict[str, Any]] | None = None,
         client: InternalHttpClient | None = None,
         metrics: Callable[[], bytes] | None = None,
-        extensions: Sequence[Callable[[web.Application], None]] = (),
-        open_prefixes: Sequence[str] = (),
         client_writes: ClientWrites | None = None,
     ) -> None:
         self.config = config
@@ -360,16 +407,16 @@ class InternalHttpServer:
         self._status = status
         self._client = client
         self._client_writes = client_writes
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
-        self.port: int | None = None
-        self.app = web.Application(
-            middlewares=[
-                http_metrics_middleware,
-                matrix_error_middleware,
-                bearer_auth_middleware(config.replication.shared_secret, open_prefixes),
-            ],
-            client_max_size=MAX_BODY,
+        super().__init__(
+            web.Application(
+                middlewares=[
+                    http_metrics_middleware,
+                    matrix_error_middleware,
+                    bearer_auth_middleware(effective_shared_secret(config)),
+                ],
+                client_max_size=MAX_BODY,
+            ),
+            config.http,
         )
         self.app.on_response_prepare.append(exact_json_content_type)
         if metrics is not None:
@@ -386,32 +433,12 @@ class InternalHttpServer:
         self.app.router.add_post(forwarded + "/receipt", self._client_receipt)
         self.app.router.add_post(forwarded + "/to_device", self._client_to_device)
         self.app.router.add_post(forwarded + "/typing", self._client_typing)
-        # Other APIs on the same listener (the Client-Server API) add their routes and
-        # middlewares here; ``open_prefixes`` are their paths, which the secret does not
-        # guard (they authenticate their own way).
-        for extend in extensions:
-            extend(self.app)
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
+        """Listen on the instance's host and ``internal_port`` (or those given)."""
         instance = self.config.instance()
-        host = host or instance.host
-        port = instance.http_port if port is None else port
-        quiet_client_protocol_errors()
-        # Timeouts, a per-address cap, and aiohttp's own refusals answered as Matrix
-        # JSON (roomstream.listener).
-        self._runner = GuardedAppRunner(self.app, self.config.http, access_log=None)
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port or 0)
-        await self._site.start()
-        server = self._site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        self.port = int(sockets[0].getsockname()[1]) if sockets else port
-        return int(self.port or 0)
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        port = instance.internal_port if port is None else port
+        return await super().start(host or instance.host, port or 0)
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -607,24 +634,26 @@ class InternalHttpServer:
 
 
 class InternalHttpClient:
-    """Calls other instances' internal HTTP APIs (with the bearer token if configured)."""
+    """Calls other instances' internal HTTP APIs, with the deployment's secret as the
+    bearer token."""
 
     def __init__(self, config: Config, *, timeout: float = 30.0) -> None:
         self.config = config
+        self._secret = effective_shared_secret(config)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._unreachable: set[str] = set()
 
     def _headers(self) -> dict[str, str]:
-        secret = self.config.replication.shared_secret
-        return {"Authorization": f"Bearer {secret}"} if secret else {}
+        return {"Authorization": f"Bearer {self._secret}"}
 
     def base_url(self, instance_name: str) -> str:
+        """Where ``instance_name`` serves the internal API (its ``internal_port``)."""
         instance = self.config.instances.get(instance_name)
-        if instance is None or instance.http_port is None:
-            raise LookupError(f"instance {instance_name} has no http_port configured")
+        if instance is None or instance.internal_port is None:
+            raise LookupError(f"instance {instance_name} has no internal_port configured")
         host = instance.host if ":" not in instance.host else f"[{instance.host}]"
-        return f"http://{host}:{instance.http_port}{PREFIX}"
+        return f"http://{host}:{instance.internal_port}{PREFIX}"
 
     @property
     def session(self) -> aiohttp.ClientSession:

@@ -11,9 +11,11 @@
   own;
 - the transport from the configuration: TCP (a server when it writes anything and has a
   ``replication_port``; a client per other writer instance with one) or Redis;
-- the internal HTTP API (health, in-memory stream updates, send_event, the client writes
-  other processes forward) on ``http_port``, and on the same listener the Matrix
-  Client-Server API (:mod:`roomstream.client`).
+- the internal HTTP API (health, metrics, in-memory stream updates, send_event, the
+  client writes other processes forward) on ``internal_port``, behind the deployment's
+  secret (:mod:`roomstream.replication.secret`), and the Matrix Client-Server API
+  (:mod:`roomstream.client`) on a listener of its own, ``http_port``, which serves
+  nothing internal.
 
 Run it with :func:`run_instance` (what ``roomstream run`` should call) or
 ``python -m roomstream.replication.worker -c CONFIG --instance NAME [--record FILE]``.
@@ -47,11 +49,14 @@ from roomstream.config import Config, ConfigError, load_config
 from roomstream.homeserver import open_room_engine
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import (
+    HttpListener,
     InternalHttpClient,
     InternalHttpServer,
     StreamTooOldHttpError,
+    client_listener,
 )
 from roomstream.replication.redis_transport import RedisReplication
+from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.tcp import ReplicationClient, ReplicationServer, TcpSettings
 from roomstream.replication.writer import StreamBroadcaster
 from roomstream.rooms.creation import RoomPreset
@@ -141,7 +146,7 @@ class ReplicationNode:
             timeout=config.replication.ping_timeout,
             max_outbound_lines=config.replication.max_outbound_lines,
             max_outbound_bytes=config.replication.max_outbound_bytes,
-            shared_secret=config.replication.shared_secret,
+            shared_secret=effective_shared_secret(config),
             socket_buffer=socket_buffer,
         )
         self.server: ReplicationServer | None = None
@@ -149,8 +154,12 @@ class ReplicationNode:
         #: The TCP client following each writer instance (one per instance followed).
         self._client_of: dict[str, ReplicationClient] = {}
         self.redis: RedisReplication | None = None
+        #: The internal API's listener (None without internal_port).
         self.http: InternalHttpServer | None = None
-        #: The Client-Server API served on the HTTP listener (None without http_port).
+        #: The Client-Server API's listener (None without http_port).
+        self.client_http: HttpListener | None = None
+        #: The Client-Server API, served on ``client_http`` and performing the client
+        #: writes other processes forward (None without either port).
         self.client: ClientProcess | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -285,10 +294,8 @@ class ReplicationNode:
                 client.start()
                 self.clients.append(client)
                 self._client_of[name] = client
-        if me.http_port is not None:
-            events_writer = self.instance_name in config.writers_of("events")
+        if me.http_port is not None or me.internal_port is not None:
             from roomstream.client import build_client_api  # composes above replication
-            from roomstream.client.server import MATRIX_PREFIX
 
             self.client = build_client_api(
                 config,
@@ -298,7 +305,9 @@ class ReplicationNode:
                 announce=self.broadcaster.notify,
                 invalidations_live=lambda: self.stream_live("caches"),
             )
-            self.http = InternalHttpServer(
+        if me.internal_port is not None:
+            events_writer = self.instance_name in config.writers_of("events")
+            self.http = http = InternalHttpServer(
                 config,
                 memory_streams=self.memory,
                 send_event=self._send_event if events_writer else None,
@@ -306,13 +315,17 @@ class ReplicationNode:
                 status=self.status,
                 client=self.http_client,
                 metrics=lambda: metrics.render(self._metrics),
-                extensions=[self.client.api.install],
-                open_prefixes=[MATRIX_PREFIX],
-                client_writes=self.client.forwarded,
+                client_writes=self.client.forwarded if self.client is not None else None,
             )
-            http = self.http
-            port = await self._listen("http_port", me.http_port, http.start)
+            port = await self._listen("internal_port", me.internal_port, http.start)
             logger.info("internal HTTP listening on %s:%d", me.host, port)
+        if me.http_port is not None and self.client is not None:
+            self.client_http = client_http = client_listener(self.client.api.install, config.http)
+            http_port = me.http_port
+            port = await self._listen(
+                "http_port", http_port, lambda: client_http.start(me.host, http_port)
+            )
+            logger.info("client API listening on %s:%d", me.host, port)
         self._flusher = asyncio.create_task(self._flush_loop())
         self._watcher = asyncio.create_task(self._watch_replication())
 
@@ -349,6 +362,8 @@ class ReplicationNode:
         if self.server is not None:
             await self.server.close()
         await self.broadcaster.stop()
+        if self.client_http is not None:
+            await self.client_http.close()
         if self.http is not None:
             await self.http.close()
         if self.client is not None:
@@ -515,7 +530,8 @@ async def _announce_ready(node: ReplicationNode, console: Console) -> None:
         f"roomstream instance {config.instance_name} ready "
         f"(transport {config.replication.transport}, "
         f"replication port {node.server.port if node.server else '-'}, "
-        f"http port {node.http.port if node.http else '-'})",
+        f"http port {node.client_http.port if node.client_http else '-'}, "
+        f"internal port {node.http.port if node.http else '-'})",
         markup=False,
         highlight=False,
     )
@@ -530,6 +546,7 @@ async def run_instance(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run ``config.instance_name`` until SIGTERM/SIGINT (or ``stop`` is set); exit code."""
+    effective_shared_secret(config)  # an unusable secret file stops us before anything opens
     engine = await open_room_engine(config)
     node = ReplicationNode(config, engine, record_path=record_path, socket_buffer=socket_buffer)
     stop = stop or asyncio.Event()
