@@ -73,9 +73,10 @@ async def start(config: Path, name: str, env: dict[str, str]) -> asyncio.subproc
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "roomstream.replication.worker",
+        "roomstream.cli",
         "-c",
         str(config),
+        "run",
         "--instance",
         name,
         stdout=asyncio.subprocess.PIPE,

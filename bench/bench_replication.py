@@ -53,12 +53,12 @@ from common import (
     write_results,
 )
 from roomstream.config import Config, parse_config
+from roomstream.homeserver import Homeserver, open_room_engine
 from roomstream.replication.commands import PositionCommand, RdataCommand, serialize
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import InternalHttpClient
 from roomstream.replication.tcp import ReplicationClient
 from roomstream.replication.worker import ReplicationNode
-from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Transaction
 
 TARGET_THROUGHPUT = 100_000.0  # RDATA lines/s on one connection
@@ -243,9 +243,10 @@ async def bench_latency_case(
     config_path = workdir / f"config-{transport}-{rate_per_s}.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     out_path = workdir / f"reader-{transport}-{rate_per_s}.json"
-    engine = await RoomEngine.open(config.with_instance("w1"))
-    node = ReplicationNode(config.with_instance("w1"), engine)
-    await node.start()
+    engine = await open_room_engine(config.with_instance("w1"))
+    server = Homeserver(config.with_instance("w1"), engine)
+    node = server.replication
+    await server.start()
     reader = subprocess.Popen(  # noqa: ASYNC220 (starts a helper, once)
         [
             sys.executable,
@@ -314,7 +315,7 @@ async def bench_latency_case(
         reader.send_signal(signal.SIGTERM)
         reader.wait(30)
         await http.close()
-        await node.stop()
+        await server.stop()
         await engine.close()
     processed: dict[str, int] = json.loads(out_path.read_text())
     missing = [s for s in commits if str(s) not in processed]
@@ -359,7 +360,7 @@ async def _reader_role(config_path: str, out: str) -> None:
     from roomstream.config import load_config
 
     config = load_config(config_path).with_instance("reader")
-    engine = await RoomEngine.open(config)
+    engine = await open_room_engine(config)
     node = ReplicationNode(config, engine)
     seen: dict[int, int] = {}
     inner = node.process

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from roomstream.app import ViewsJob
 from roomstream.config import ConfigError, parse_config
+from roomstream.homeserver import ViewsJob
 
 
 async def test_a_failing_views_job_is_one_warning(
@@ -19,7 +19,7 @@ async def test_a_failing_views_job_is_one_warning(
         [sys.executable, "-c", "import sys; print('no java'); sys.exit(3)"],
         tmp_path / "views-job.log",
     )
-    with caplog.at_level(logging.WARNING, logger="roomstream.app"):
+    with caplog.at_level(logging.WARNING, logger="roomstream.homeserver"):
         await job.start()
         assert job.process is not None
         assert await job.process.wait() == 3
@@ -36,7 +36,7 @@ async def test_a_views_job_that_cannot_start_is_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     job = ViewsJob([str(tmp_path / "missing-binary")], tmp_path / "views-job.log")
-    with caplog.at_level(logging.WARNING, logger="roomstream.app"):
+    with caplog.at_level(logging.WARNING, logger="roomstream.homeserver"):
         await job.start()
         await job.stop()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -47,7 +47,7 @@ async def test_stopping_interrupts_the_job_without_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     job = ViewsJob([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path / "log")
-    with caplog.at_level(logging.WARNING, logger="roomstream.app"):
+    with caplog.at_level(logging.WARNING, logger="roomstream.homeserver"):
         await job.start()
         assert job.process is not None
         job.stop_timeout = 120.0  # SIGTERM ends it: the kill is a backstop

@@ -5,7 +5,7 @@ import neither each other). ``pyproject.toml``'s import-linter contract states t
 order and ``make lint`` checks it (README, "Layout"):
 
 - ``cli``: the command line;
-- ``app`` (the demo traffic of ``roomstream run --demo``), ``devtools`` (corpora for
+- ``demo`` (the demo traffic of ``roomstream run --demo``), ``devtools`` (corpora for
   tests and benchmarks);
 - ``homeserver``: the process, assembled in one place;
 - ``client``: the Matrix Client-Server API;

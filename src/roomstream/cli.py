@@ -78,8 +78,8 @@ async def cmd_streams(config: Config, args: argparse.Namespace) -> int:
 
 
 async def cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from roomstream.app import ViewsJob, run_demo, run_with_demo_traffic
-    from roomstream.replication.worker import run_instance
+    from roomstream.demo import run_demo, run_with_demo_traffic
+    from roomstream.homeserver import ViewsJob, run_instance
 
     if args.instance:
         config = config.with_instance(args.instance)
@@ -97,7 +97,9 @@ async def cmd_run(config: Config, args: argparse.Namespace) -> int:
     try:
         if args.demo:
             return await run_with_demo_traffic(config, console)
-        return await run_instance(config, console, record_path=args.record)
+        return await run_instance(
+            config, console, record_path=args.record, socket_buffer=args.socket_buffer
+        )
     finally:
         if job is not None:
             await job.stop()
@@ -332,6 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
                 "--demo", action="store_true", help="also send demo events every 2 seconds"
             )
             p.add_argument("--record", help="append processed stream facts to a JSON-lines file")
+            p.add_argument(
+                "--socket-buffer",
+                type=_positive_int,
+                help="SO_SNDBUF/SO_RCVBUF of replication connections, in bytes (tests of"
+                " slow readers use it)",
+            )
             p.add_argument(
                 "--views",
                 action=argparse.BooleanOptionalAction,

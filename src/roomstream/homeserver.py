@@ -1,23 +1,50 @@
 """The homeserver process, assembled in one place.
 
-Everything a roomstream process runs is put together here, from the bottom up: the room
-engine with the participants that record in its transactions (the read side's visibility
-records), the background work started for it (rebuilding visibility records an upgrade
-left pending), and above it replication, the internal API and the Client-Server API.
+Everything a roomstream process runs is put together here, from the bottom up:
+
+- the room engine (:func:`open_room_engine`) with the participants that record in its
+  transactions (the read side's visibility records), and the background work started
+  for it (rebuilding visibility records an upgrade left pending);
+- replication (:class:`~roomstream.replication.worker.ReplicationNode`: transports,
+  follower, broadcaster);
+- the Client-Server API (:class:`~roomstream.client.ClientProcess`), told of replicated
+  facts as one of replication's listeners;
+- the listeners (:class:`Homeserver`): the internal API on ``internal_port`` (behind the
+  deployment's secret), the Client-Server API on ``http_port``;
+- the views streaming job beside the server (:class:`ViewsJob`).
+
 Lower layers receive what they need through their constructors; none of them reaches up.
+:func:`run_instance` runs one configured instance until it is told to stop; ``roomstream
+run`` (:mod:`roomstream.cli`) is the command line for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from roomstream.config import Config
+from aiohttp import web
+from rich.console import Console
+
+from roomstream import metrics
+from roomstream.client import ClientProcess, build_client_api
+from roomstream.config import Config, HttpConfig
+from roomstream.httpbase import matrix_error_middleware
+from roomstream.listener import HttpListener
+from roomstream.metrics import http_metrics_middleware
 from roomstream.reading import read_side_participants
 from roomstream.reading.backfill import run_pending_in_background
+from roomstream.replication.http import MAX_BODY, InternalHttpServer
+from roomstream.replication.secret import effective_shared_secret
+from roomstream.replication.worker import READY_WAIT, ReplicationNode, start_listener
 from roomstream.rooms.engine import RoomEngine
 
-__all__ = ["open_room_engine"]
+__all__ = ["Homeserver", "ViewsJob", "open_room_engine", "run_instance"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,3 +75,237 @@ async def open_room_engine(config: Config) -> RoomEngine:
         rebuild.add_done_callback(_log_rebuild_failure)
         engine.background.append(rebuild)
     return engine
+
+
+def client_listener(install: Callable[[web.Application], None], limits: HttpConfig) -> HttpListener:
+    """The Client-Server API's listener (``http_port``): what ``install`` adds (routes
+    under ``/_matrix`` and ``/.well-known``) and nothing else, so every internal path
+    answers 404 ``M_UNRECOGNIZED`` there."""
+    app = web.Application(
+        middlewares=[http_metrics_middleware, matrix_error_middleware],
+        client_max_size=MAX_BODY,
+    )
+    install(app)
+    return HttpListener(app, limits)
+
+
+class Homeserver:
+    """One roomstream process for ``config``'s instance, over an opened ``engine``.
+
+    ``start`` brings up replication, then the Client-Server API (when the instance has an
+    ``http_port`` or an ``internal_port``: the latter serves the client writes other
+    processes forward to this one), then the internal listener and the client listener;
+    ``stop`` takes them down in the reverse order. The engine stays the caller's.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        engine: RoomEngine,
+        *,
+        record_path: str | None = None,
+        socket_buffer: int | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.replication = ReplicationNode(
+            config, engine, record_path=record_path, socket_buffer=socket_buffer
+        )
+        #: The Client-Server API (None without http_port and internal_port).
+        self.client: ClientProcess | None = None
+        #: The internal API's listener (None without internal_port).
+        self.internal: InternalHttpServer | None = None
+        #: The Client-Server API's listener (None without http_port).
+        self.client_http: HttpListener | None = None
+
+    async def start(self) -> None:
+        config = self.config
+        me = config.instance()
+        node = self.replication
+        await node.start()
+        if me.http_port is not None or me.internal_port is not None:
+            self.client = build_client_api(
+                config,
+                self.engine,
+                node.http_client,
+                typing_stream=node.memory.get("typing"),
+                announce=node.broadcaster.notify,
+                invalidations_live=lambda: node.stream_live("caches"),
+            )
+            node.listeners.append(self.client)
+        if me.internal_port is not None:
+            events_writer = config.instance_name in config.writers_of("events")
+            self.internal = internal = InternalHttpServer(
+                config,
+                memory_streams=node.memory,
+                send_event=node.send_event_locally if events_writer else None,
+                create_room=node.create_room_locally if events_writer else None,
+                status=node.status,
+                client=node.http_client,
+                metrics=lambda: metrics.render(node.metrics_registry),
+                client_writes=self.client.forwarded if self.client is not None else None,
+            )
+            port = await start_listener(config, "internal_port", me.internal_port, internal.start)
+            logger.info("internal HTTP listening on %s:%d", me.host, port)
+        if me.http_port is not None and self.client is not None:
+            self.client_http = client_http = client_listener(self.client.api.install, config.http)
+            http_port = me.http_port
+            port = await start_listener(
+                config, "http_port", http_port, lambda: client_http.start(me.host, http_port)
+            )
+            logger.info("client API listening on %s:%d", me.host, port)
+
+    async def stop(self) -> None:
+        """Stop listening, then replication (which stores and announces the local
+        positions), then the Client-Server API's services."""
+        if self.client_http is not None:
+            await self.client_http.close()
+        if self.internal is not None:
+            await self.internal.close()
+        await self.replication.stop()
+        if self.client is not None:
+            with contextlib.suppress(Exception):  # logged by flush; the times are a nicety
+                await self.client.client_ips.flush()
+            self.client.close()
+
+
+async def _announce_ready(server: Homeserver, console: Console) -> None:
+    """Say "ready" once replication is up; if it is not within ``READY_WAIT`` seconds,
+    say it is degraded and why (and "ready" later, when it comes up)."""
+    config = server.config
+    node = server.replication
+    try:
+        await asyncio.wait_for(node.replicating(), READY_WAIT)
+    except TimeoutError:
+        problems = "; ".join(node.replication_problems())
+        console.print(
+            f"roomstream instance {config.instance_name} started, replication degraded: "
+            f"{problems} (retrying; see /health)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        await node.replicating()
+    console.print(
+        f"roomstream instance {config.instance_name} ready "
+        f"(transport {config.replication.transport}, "
+        f"replication port {node.server.port if node.server else '-'}, "
+        f"http port {server.client_http.port if server.client_http else '-'}, "
+        f"internal port {server.internal.port if server.internal else '-'})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+async def run_instance(
+    config: Config,
+    console: Console,
+    *,
+    record_path: str | None = None,
+    socket_buffer: int | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Run ``config.instance_name`` until SIGTERM/SIGINT (or ``stop`` is set); exit code."""
+    effective_shared_secret(config)  # an unusable secret file stops us before anything opens
+    if record_path:
+        Path(record_path).parent.mkdir(parents=True, exist_ok=True)
+    engine = await open_room_engine(config)
+    server = Homeserver(config, engine, record_path=record_path, socket_buffer=socket_buffer)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    announcer: asyncio.Task[None] | None = None
+    try:
+        await server.start()
+        announcer = asyncio.create_task(_announce_ready(server, console))
+        await stop.wait()
+    finally:
+        if announcer is not None:
+            announcer.cancel()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        await server.stop()
+        await engine.close()
+    return 0
+
+
+class ViewsJob:
+    """The views streaming job (``roomstream views --follow``) in a child process beside
+    the server, against the same database: it keeps the tables behind ``/publicRooms`` and
+    ``/user_directory/search`` current (staleness: its 1 s trigger plus a batch's time).
+
+    A child process, not a thread: Spark's JVM and its failures stay out of the server.
+    If the job cannot start or dies, the server keeps serving (the directory as last
+    written) and one WARNING line says so, naming the job's log file.
+    """
+
+    def __init__(self, command: Sequence[str], log_path: Path) -> None:
+        self.command = list(command)
+        self.log_path = log_path
+        self.process: asyncio.subprocess.Process | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.stop_timeout = 30.0
+
+    @classmethod
+    def for_config(cls, config: Config, config_path: str | None) -> ViewsJob:
+        where = ["-c", config_path] if config_path else []
+        return cls(
+            [sys.executable, "-m", "roomstream.cli", *where, "views", "--follow"],
+            Path(config.data_dir) / "views-job.log",
+        )
+
+    async def start(self) -> None:
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as log:
+                self.process = await asyncio.create_subprocess_exec(
+                    *self.command,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,  # stopped by us, not by the terminal's Ctrl-C
+                )
+        except OSError as exc:
+            logger.warning(
+                "views job not started (%s): /publicRooms and /user_directory/search will"
+                " not be updated",
+                exc,
+            )
+            return
+        logger.info("views job started (pid %d, log %s)", self.process.pid, self.log_path)
+        self._watcher = asyncio.create_task(self._watch(self.process))
+
+    async def _watch(self, process: asyncio.subprocess.Process) -> None:
+        code = await process.wait()
+        if not self._stopping:
+            logger.warning(
+                "views job exited with code %s: /publicRooms and /user_directory/search are"
+                " no longer updated (the server keeps serving; see %s)",
+                code,
+                self.log_path,
+            )
+
+    async def stop(self) -> None:
+        """Terminate the job and wait for it (its JVM exits with it); kill it if it has not
+        exited after :attr:`stop_timeout` seconds. Stopping it anywhere is safe: its sink
+        is exactly-once, and the next start continues from the checkpoint."""
+        self._stopping = True
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), self.stop_timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+        if self._watcher is not None:
+            await self._watcher

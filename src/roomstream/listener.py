@@ -41,6 +41,7 @@ Invariant: a connection holds at most one parser error, whose message is at most
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from typing import Any
 
@@ -56,10 +57,13 @@ from roomstream.errors import Codes, MatrixError
 
 __all__ = [
     "MAX_ERROR_MESSAGE",
+    "ClientProtocolErrorFilter",
     "GuardedAppRunner",
     "GuardedRequestHandler",
     "GuardedServer",
+    "HttpListener",
     "protocol_error",
+    "quiet_client_protocol_errors",
 ]
 
 #: Characters of a parser error's message kept (the rest is the received garbage).
@@ -245,3 +249,54 @@ class GuardedAppRunner(web.AppRunner):
             limits=self._limits,
             **plain._kwargs,
         )
+
+
+class ClientProtocolErrorFilter(logging.Filter):
+    """Drops aiohttp's log records for requests its HTTP parser refused (a bad method,
+    a malformed request line or header): aiohttp has already answered them ``400``, before
+    any roomstream code ran, so a traceback per garbage request would only let one bad
+    client flood the log. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, HttpProcessingError)
+
+
+_PROTOCOL_ERROR_FILTER = ClientProtocolErrorFilter()
+
+
+def quiet_client_protocol_errors() -> None:
+    """Install :class:`ClientProtocolErrorFilter` on aiohttp's server logger (idempotent)."""
+    server_logger = logging.getLogger("aiohttp.server")
+    if _PROTOCOL_ERROR_FILTER not in server_logger.filters:
+        server_logger.addFilter(_PROTOCOL_ERROR_FILTER)
+
+
+class HttpListener:
+    """One aiohttp application on one TCP port (``start``: 0 picks a free one), with the
+    connection limits of ``limits`` (timeouts, a per-address cap) and aiohttp's own
+    refusals answered as Matrix JSON (above)."""
+
+    def __init__(self, app: web.Application, limits: HttpConfig) -> None:
+        self.app = app
+        self.limits = limits
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port``; the port actually bound."""
+        quiet_client_protocol_errors()
+        self._runner = GuardedAppRunner(self.app, self.limits, access_log=None)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, host, port)
+        await self._site.start()
+        server = self._site._server
+        assert server is not None
+        sockets = getattr(server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        return self.port
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

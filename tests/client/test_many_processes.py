@@ -70,7 +70,7 @@ async def run_cluster(
     config_path.write_text(yaml.safe_dump(raw))
     processes = {
         name: ServerProcess(
-            "-m", "roomstream.replication.worker", "-c", str(config_path), "--instance", name
+            "-m", "roomstream.cli", "-c", str(config_path), "run", "--instance", name
         )
         for name in ("w1", "w2", "reader")
     }

@@ -179,7 +179,7 @@ async def test_writers_killed_and_slow_reader_lose_nothing(
     record = tmp_path / "reader.jsonl"
 
     def proc(name: str, *extra: str) -> Proc:
-        args = [sys.executable, "-m", "roomstream.replication.worker", "-c", str(config_path)]
+        args = [sys.executable, "-m", "roomstream.cli", "-c", str(config_path), "run"]
         args += ["--instance", name, "--socket-buffer", "8192", *extra]
         return Proc(name, args, tmp_path / f"{name}.log")
 

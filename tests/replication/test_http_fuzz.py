@@ -65,9 +65,10 @@ class Instance:
                 [
                     sys.executable,
                     "-m",
-                    "roomstream.replication.worker",
+                    "roomstream.cli",
                     "-c",
                     str(config_path),
+                    "run",
                     "--instance",
                     name,
                 ],

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from roomstream.config import parse_config
-from roomstream.replication.http import InternalHttpServer, quiet_client_protocol_errors
+from roomstream.listener import quiet_client_protocol_errors
+from roomstream.replication.http import InternalHttpServer
 
 GOOD = b"GET /_roomstream/replication/health HTTP/1.1\r\nHost: a\r\n\r\n"
 GARBAGE = (

@@ -34,8 +34,9 @@ import yaml
 from aiohttp import web
 from rich.console import Console
 
-from roomstream.app import run_with_demo_traffic
 from roomstream.config import Config, ConfigError, is_loopback, parse_config
+from roomstream.demo import run_with_demo_traffic
+from roomstream.homeserver import Homeserver
 from roomstream.replication.http import PREFIX
 from roomstream.replication.secret import (
     SECRET_FILE,
@@ -43,7 +44,6 @@ from roomstream.replication.secret import (
     load_or_create_secret,
     secret_path,
 )
-from roomstream.replication.worker import ReplicationNode
 from roomstream.storage import DatabaseConfig
 from tests.ports import free_port
 
@@ -55,7 +55,7 @@ from .test_replication_nodes import (
 )
 from .test_tcp_server import Raw
 
-WORKER = (sys.executable, "-m", "roomstream.replication.worker")
+WORKER = (sys.executable, "-m", "roomstream.cli")
 #: Values for the path parameters of internal routes.
 SAMPLE_PARAMETERS = {"room_id": "!nowhere:internal.test", "stream": "typing"}
 
@@ -85,17 +85,17 @@ def default_shaped_config(db_config: DatabaseConfig, tmp_path: Path) -> Config:
     )
 
 
-async def assert_internal_api_guarded(node: ReplicationNode, secret: str) -> None:
-    """The three rules of the module docstring, for every internal route of ``node``."""
-    assert node.http is not None and node.http.port is not None
-    assert node.client_http is not None and node.client_http.port is not None
-    routes = internal_routes(node.http.app)
+async def assert_internal_api_guarded(server: Homeserver, secret: str) -> None:
+    """The three rules of the module docstring, for every internal route of ``server``."""
+    assert server.internal is not None and server.internal.port is not None
+    assert server.client_http is not None and server.client_http.port is not None
+    routes = internal_routes(server.internal.app)
     paths = {path for _, path in routes}
     assert "/metrics" in paths and f"{PREFIX}/health" in paths
     assert f"{PREFIX}/client/end_sessions" in paths  # the forwarded client writes too
     good = {"Authorization": f"Bearer {secret}"}
-    client_url = f"http://127.0.0.1:{node.client_http.port}"
-    internal_url = f"http://127.0.0.1:{node.http.port}"
+    client_url = f"http://127.0.0.1:{server.client_http.port}"
+    internal_url = f"http://127.0.0.1:{server.internal.port}"
     async with aiohttp.ClientSession() as http:
         for method, path in routes:
             for headers in ({}, good):
@@ -119,7 +119,7 @@ async def assert_internal_api_guarded(node: ReplicationNode, secret: str) -> Non
                     assert body["errcode"] != "M_UNRECOGNIZED", (method, path, body)
         async with http.get(f"{internal_url}{PREFIX}/health", headers=good) as resp:
             assert resp.status == 200
-            assert (await resp.json())["instance"] == node.instance_name
+            assert (await resp.json())["instance"] == server.config.instance_name
         async with http.get(f"{internal_url}/metrics", headers=good) as resp:
             assert resp.status == 200
             assert "roomstream_stream_position" in await resp.text()
@@ -140,7 +140,7 @@ async def test_one_process_with_the_default_configuration(
         secret = (tmp_path / "data" / SECRET_FILE).read_text().strip()
         assert len(secret) >= 43  # 256 bits, URL-safe base64
         assert node.settings.shared_secret == secret  # TCP replication uses it too
-        await assert_internal_api_guarded(node, secret)
+        await assert_internal_api_guarded(cluster.servers["main"], secret)
         # The demo's traffic goes through the internal API, with the same secret.
         alice = f"@alice:{config.server_name}"
         room = await node.http_client.create_room("main", alice, "demo")
@@ -177,8 +177,8 @@ async def test_several_processes_and_tcp_replication_use_the_generated_secret(
     secret = (tmp_path / "data" / SECRET_FILE).read_text().strip()
     assert {node.settings.shared_secret for node in nodes} == {secret}
     await asyncio.wait_for(asyncio.gather(*(node.replicating() for node in nodes)), 60)
-    for node in nodes:
-        await assert_internal_api_guarded(node, secret)
+    for name in ("w1", "w2", "reader"):
+        await assert_internal_api_guarded(cluster.servers[name], secret)
     # A replication connection without the secret is refused before anything is said.
     w1 = nodes[0]
     assert w1.server is not None
@@ -288,7 +288,7 @@ def test_two_real_processes_of_one_deployment_share_the_generated_secret(
         with open(log, "wb") as out:
             procs.append(
                 subprocess.Popen(
-                    [*WORKER, "-c", str(config_path), "--instance", name],
+                    [*WORKER, "-c", str(config_path), "run", "--instance", name],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                 )

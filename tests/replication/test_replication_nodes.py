@@ -20,7 +20,7 @@ import pytest
 
 from roomstream.caches import CacheInvalidator, stream_invalidation_txn
 from roomstream.config import Config, parse_config
-from roomstream.homeserver import open_room_engine
+from roomstream.homeserver import Homeserver, open_room_engine
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.worker import ReplicationNode
 from roomstream.storage import DatabaseConfig, Transaction
@@ -70,21 +70,25 @@ class Cluster:
         self.config = config
         self.tmp_path = tmp_path
         self.nodes: dict[str, ReplicationNode] = {}
+        #: The whole process of each node (its listeners and Client-Server API).
+        self.servers: dict[str, Homeserver] = {}
 
     async def start(self, name: str, **kwargs: Any) -> ReplicationNode:
         config = self.config.with_instance(name)
         engine = await open_room_engine(config)
-        node = ReplicationNode(config, engine, **kwargs)
-        await node.start()
-        self.nodes[name] = node
-        return node
+        server = Homeserver(config, engine, **kwargs)
+        await server.start()
+        self.servers[name] = server
+        self.nodes[name] = server.replication
+        return server.replication
 
     async def stop(self, name: str) -> None:
-        node = self.nodes.pop(name)
+        del self.nodes[name]
+        server = self.servers.pop(name)
 
         async def stop_node() -> None:
-            await node.stop()
-            await node.engine.close()
+            await server.stop()
+            await server.engine.close()
 
         # A stop that hangs fails with the stuck tasks' stacks, instead of an opaque
         # pytest-timeout much later (asyncio.wait, unlike wait_for, does not cancel it).

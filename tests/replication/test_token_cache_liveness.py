@@ -10,7 +10,7 @@ once, not after the outage (it was accepted for 8 s). ``/health`` (the node's
 
 The link is cut by a TCP proxy in front of Redis (or of the writer's replication port)
 that only the reader goes through, so the real Redis is never stopped. Nodes run in
-process (:class:`~roomstream.replication.worker.ReplicationNode`, each with its own
+process (:class:`~roomstream.homeserver.Homeserver`, each with its own
 database pool, follower, transport and client API on an HTTP port), on both engines.
 """
 
@@ -30,8 +30,8 @@ from roomstream.accounts import Accounts
 from roomstream.accounts.token_cache import TokenCache
 from roomstream.accounts.tokens import token_hash
 from roomstream.config import Config
+from roomstream.homeserver import Homeserver, open_room_engine
 from roomstream.replication.worker import ReplicationNode
-from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig
 from tests.ports import free_port
 from tests.replication.test_replication_nodes import TRANSPORTS, make_config, wait_for
@@ -99,7 +99,7 @@ class CuttableProxy:
 @contextlib.asynccontextmanager
 async def writer_and_cut_off_reader(
     db_config: DatabaseConfig, tmp_path: Path, transport: str
-) -> AsyncIterator[tuple[ReplicationNode, ReplicationNode, CuttableProxy]]:
+) -> AsyncIterator[tuple[Homeserver, Homeserver, CuttableProxy]]:
     """``w1`` writes ``caches`` (and events); ``reader`` reaches it (Redis, or w1's
     replication port) only through a :class:`CuttableProxy`."""
     instances: dict[str, dict[str, Any]] = {
@@ -130,26 +130,26 @@ async def writer_and_cut_off_reader(
             },
         )
     await proxy.start()
-    nodes: list[ReplicationNode] = []
+    servers: list[Homeserver] = []
     try:
         for node_config in (config.with_instance("w1"), reader_config.with_instance("reader")):
-            engine = await RoomEngine.open(node_config)
-            node = ReplicationNode(node_config, engine)
-            nodes.append(node)
-            await node.start()
-        yield nodes[0], nodes[1], proxy
+            engine = await open_room_engine(node_config)
+            server = Homeserver(node_config, engine)
+            servers.append(server)
+            await server.start()
+        yield servers[0], servers[1], proxy
     finally:
-        for node in reversed(nodes):
-            await node.stop()
-            await node.engine.close()
+        for server in reversed(servers):
+            await server.stop()
+            await server.engine.close()
         await proxy.close()
 
 
 class Api:
-    def __init__(self, session: aiohttp.ClientSession, node: ReplicationNode) -> None:
-        assert node.http is not None
+    def __init__(self, session: aiohttp.ClientSession, server: Homeserver) -> None:
+        assert server.client_http is not None
         self.session = session
-        self.base = f"http://127.0.0.1:{node.http.port}/_matrix/client/v3"
+        self.base = f"http://127.0.0.1:{server.client_http.port}/_matrix/client/v3"
 
     async def call(
         self, method: str, path: str, body: Any = None, token: str | None = None
@@ -185,13 +185,15 @@ async def test_token_logged_out_during_an_outage_is_refused_at_once(
     if transport == "redis":
         request.getfixturevalue("redis_url")  # fails under CI=true when Redis is down
     async with (
-        writer_and_cut_off_reader(db_config, tmp_path, transport) as (writer, reader, proxy),
+        writer_and_cut_off_reader(db_config, tmp_path, transport) as (writer, reader_server, proxy),
         aiohttp.ClientSession() as session,
     ):
-        on_writer, on_reader = Api(session, writer), Api(session, reader)
+        on_writer, on_reader = Api(session, writer), Api(session, reader_server)
+        reader = reader_server.replication
         await wait_for(lambda: reader.stream_live("caches"), what="the reader's caches link")
-        assert reader.client is not None and reader.client.token_cache is not None
-        cache = reader.client.token_cache
+        client = reader_server.client
+        assert client is not None and client.token_cache is not None
+        cache = client.token_cache
         body = {"username": "carol", "password": "pw-carol", "auth": {"type": "m.login.dummy"}}
         token = (await on_writer.ok("POST", "/register", body))["access_token"]
         await on_reader.ok("GET", "/account/whoami", token=token)

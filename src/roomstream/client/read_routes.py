@@ -22,9 +22,9 @@ from roomstream.client.server import Route, authenticate
 from roomstream.client.store import ClientStore
 from roomstream.client.sync import SyncHandler, SyncRequest, SyncToken
 from roomstream.errors import Codes, MatrixError
+from roomstream.httpbase import parse_json_object
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.tokens import PaginationToken
-from roomstream.replication.http import parse_json_object
 
 __all__ = ["read_routes"]
 

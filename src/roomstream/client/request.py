@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any, TypeVar, overload
 
-import orjson
 from aiohttp import web
 
 from roomstream.errors import Codes, MatrixError
-from roomstream.replication.http import read_json
+from roomstream.httpbase import json_response, read_json
 
 __all__ = [
     "access_token",
@@ -26,10 +25,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-def json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:

@@ -21,7 +21,7 @@ from aiohttp import web
 from roomstream.accounts import Accounts, Requester
 from roomstream.accounts.client_ips import ClientIps
 from roomstream.client.request import access_token, json_response
-from roomstream.replication.http import exact_json_content_type, matrix_error_middleware
+from roomstream.httpbase import exact_json_content_type, matrix_error_middleware
 
 __all__ = ["MATRIX_PREFIX", "REQUESTER_KEY", "ClientApi", "Handler", "Route"]
 

@@ -1,7 +1,7 @@
 """The internal HTTP API between roomstream processes (aiohttp), and its client.
 
 It has a listener of its own, ``internal_port`` (127.0.0.1:9093 by default), apart from
-the Client-Server API's ``http_port`` (:class:`HttpListener`, :func:`client_listener`):
+the Client-Server API's ``http_port`` (both assembled by :mod:`roomstream.homeserver`):
 the client listener serves nothing under ``/_roomstream`` (404 ``M_UNRECOGNIZED``), so a
 reverse proxy in front of it never exposes the internal API.
 
@@ -58,8 +58,6 @@ configuration validation refuses a non-loopback host without a configured secret
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -68,13 +66,20 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from roomstream import exactjson
-from roomstream.config import Config, HttpConfig
+from roomstream.config import Config
 from roomstream.errors import Codes, MatrixError, ServiceUnavailableError
-from roomstream.events.canonical import MAX_NESTING_DEPTH
-from roomstream.listener import GuardedAppRunner
+from roomstream.httpbase import (
+    bearer_auth_middleware,
+    error_response,
+    exact_json_content_type,
+    json_response,
+    matrix_error_middleware,
+    parse_json_object,
+    read_json,
+)
+from roomstream.listener import HttpListener
 from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.sharding import writer_for_room
@@ -88,7 +93,6 @@ __all__ = [
     "InternalHttpServer",
     "StreamTooOldHttpError",
     "bearer_auth_middleware",
-    "client_listener",
     "error_response",
     "exact_json_content_type",
     "matrix_error_middleware",
@@ -112,119 +116,6 @@ RETRY_AFTER_MS = 1000
 
 class StreamTooOldHttpError(StreamTooOldError):
     """The writer answered that it no longer holds the rows asked for."""
-
-
-def error_response(exc: MatrixError) -> web.Response:
-    """The JSON answer for ``exc``, with ``Retry-After`` when it says when to retry."""
-    headers = None
-    if exc.retry_after_ms is not None:
-        headers = {"Retry-After": str(max(1, -(-exc.retry_after_ms // 1000)))}
-    return web.Response(
-        body=orjson.dumps(exc.to_json()),
-        status=exc.http_status,
-        headers=headers,
-        content_type=JSON_CONTENT_TYPE,
-    )
-
-
-#: The Content-Type of every JSON answer, exactly (Synapse's; some clients compare it).
-JSON_CONTENT_TYPE = "application/json"
-
-
-async def exact_json_content_type(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare`` hook: a JSON answer says ``application/json`` and nothing
-    more. aiohttp adds ``; charset=utf-8`` to any text body (``web.json_response``);
-    JSON is UTF-8 by definition (RFC 8259), so the parameter says nothing, and clients
-    that compare the header exactly reject it. One hook, so no answer can escape it."""
-    if response.content_type == JSON_CONTENT_TYPE and response.charset is not None:
-        response.headers["Content-Type"] = JSON_CONTENT_TYPE
-
-
-#: aiohttp's own refusals (routing, body size), as Matrix errors.
-_HTTP_EXCEPTION_CODES = {
-    404: (Codes.UNRECOGNIZED, "unrecognized request"),
-    405: (Codes.UNRECOGNIZED, "method not allowed"),
-    413: (Codes.TOO_LARGE, "request body too large"),
-}
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object, for every roomstream HTTP API; an empty body is
-    ``{}`` (clients send none for some POSTs). Refusals are 400 ``M_NOT_JSON`` or
-    ``M_BAD_JSON`` (not an object, or nested too deep: :func:`parse_json_object`)."""
-    try:
-        raw = await request.read()
-    except ConnectionResetError:
-        raise MatrixError(400, Codes.UNKNOWN, "the client went away") from None
-    if not raw.strip():
-        return {}
-    return parse_json_object(raw, "content")
-
-
-def parse_json_object(raw: str | bytes, what: str) -> dict[str, Any]:
-    """``raw`` as a JSON object (a body, or JSON in a query parameter: ``what``).
-
-    Nesting is bounded here, once, for everything a request may carry (the bound of event
-    content, :data:`~roomstream.events.canonical.MAX_NESTING_DEPTH`): orjson decodes 1,024
-    levels but encodes only 255, so deeper data accepted would fail whenever it is
-    served again."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise MatrixError(400, Codes.NOT_JSON, f"{what} not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise MatrixError(400, Codes.BAD_JSON, f"the {what} must be a JSON object")
-    if exactjson.nested_deeper_than(body, MAX_NESTING_DEPTH):
-        raise MatrixError(
-            400, Codes.BAD_JSON, f"{what} nested deeper than {MAX_NESTING_DEPTH} levels"
-        )
-    return body
-
-
-@web.middleware
-async def matrix_error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The one place that turns exceptions into HTTP answers (Matrix JSON errors).
-
-    ``MatrixError`` -> its status and errcode; aiohttp's HTTP errors (no route, wrong
-    method, body too large, ...) -> the same status with a Matrix errcode; anything else
-    is a bug: logged with its traceback and answered 500 ``M_UNKNOWN``, still as JSON.
-    Put it outermost but for middlewares that only observe (metrics), so that every
-    other middleware's errors are mapped too.
-    """
-    try:
-        return await handler(request)
-    except MatrixError as exc:
-        return error_response(exc)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise  # redirects and the like are answers, not errors
-        errcode, message = _HTTP_EXCEPTION_CODES.get(exc.status, (Codes.UNKNOWN, exc.reason))
-        return error_response(MatrixError(exc.status, errcode, message))
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        logger.exception("internal error answering %s %s", request.method, request.path)
-        return error_response(MatrixError(500, Codes.UNKNOWN, "internal error"))
-
-
-def bearer_auth_middleware(secret: str) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Refuse (401 ``M_UNAUTHORIZED``) every request without ``Authorization: Bearer
-    <secret>``, compared in constant time. An empty secret would let anyone in: refused."""
-    if not secret:
-        raise ValueError("the internal API needs a non-empty secret")
-    expected = secret.encode()
-
-    @web.middleware
-    async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        header = request.headers.get("Authorization", "")
-        token = header[7:] if header.startswith("Bearer ") else ""
-        if not hmac.compare_digest(token.encode(errors="surrogateescape"), expected):
-            raise MatrixError(401, Codes.UNAUTHORIZED, "missing or wrong bearer token")
-        return await handler(request)
-
-    return bearer_auth
 
 
 def _int_param(request: web.Request, name: str, default: int | None = None) -> int:
@@ -317,69 +208,6 @@ class ClientWrites(Protocol):
     ) -> None: ...
 
 
-class ClientProtocolErrorFilter(logging.Filter):
-    """Drops aiohttp's log records for requests its HTTP parser refused (a bad method,
-    a malformed request line or header): aiohttp has already answered them ``400``, before
-    any roomstream code ran, so a traceback per garbage request would only let one bad
-    client flood the log. Every other record passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, HttpProcessingError)
-
-
-_PROTOCOL_ERROR_FILTER = ClientProtocolErrorFilter()
-
-
-def quiet_client_protocol_errors() -> None:
-    """Install :class:`ClientProtocolErrorFilter` on aiohttp's server logger (idempotent)."""
-    server_logger = logging.getLogger("aiohttp.server")
-    if _PROTOCOL_ERROR_FILTER not in server_logger.filters:
-        server_logger.addFilter(_PROTOCOL_ERROR_FILTER)
-
-
-class HttpListener:
-    """One aiohttp application on one TCP port (``start``: 0 picks a free one), with the
-    connection limits of ``limits`` (timeouts, a per-address cap) and aiohttp's own
-    refusals answered as Matrix JSON (:mod:`roomstream.listener`)."""
-
-    def __init__(self, app: web.Application, limits: HttpConfig) -> None:
-        self.app = app
-        self.limits = limits
-        self._runner: web.AppRunner | None = None
-        self._site: web.TCPSite | None = None
-        self.port: int | None = None
-
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port``; the port actually bound."""
-        quiet_client_protocol_errors()
-        self._runner = GuardedAppRunner(self.app, self.limits, access_log=None)
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port)
-        await self._site.start()
-        server = self._site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        self.port = int(sockets[0].getsockname()[1]) if sockets else port
-        return self.port
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-
-def client_listener(install: Callable[[web.Application], None], limits: HttpConfig) -> HttpListener:
-    """The Client-Server API's listener (``http_port``): what ``install`` adds (routes
-    under ``/_matrix`` and ``/.well-known``) and nothing else, so every internal path
-    answers 404 ``M_UNRECOGNIZED`` there."""
-    app = web.Application(
-        middlewares=[http_metrics_middleware, matrix_error_middleware],
-        client_max_size=MAX_BODY,
-    )
-    install(app)
-    return HttpListener(app, limits)
-
-
 class InternalHttpServer(HttpListener):
     """Serves the routes above for one instance, on its ``internal_port``, to callers
     that present the deployment's secret.
@@ -459,7 +287,7 @@ class InternalHttpServer(HttpListener):
         doc: dict[str, Any] = {"instance": self.config.instance_name, "status": "ok"}
         if self._status is not None:
             doc.update(self._status())
-        return web.json_response(doc, dumps=lambda v: orjson.dumps(v).decode())
+        return json_response(doc)
 
     async def _updates(self, request: web.Request) -> web.Response:
         stream_name = request.match_info["stream"]
@@ -510,9 +338,9 @@ class InternalHttpServer(HttpListener):
             result = await self._client.send_event(
                 room_id, sender, event_type, content, state_key, redacts=redacts, forwarded=True
             )
-            return web.json_response(result)
+            return json_response(result)
         result = await self._send_event(room_id, sender, event_type, content, state_key, redacts)
-        return web.json_response(result)
+        return json_response(result)
 
     async def _create(self, request: web.Request) -> web.Response:
         if self._create_room is None:
@@ -522,7 +350,7 @@ class InternalHttpServer(HttpListener):
         if not isinstance(creator, str) or (name is not None and not isinstance(name, str)):
             raise MatrixError(400, Codes.MISSING_PARAM, "creator (a string) is required")
         room_id = await self._create_room(creator, name)
-        return web.json_response({"room_id": room_id})
+        return json_response({"room_id": room_id})
 
     def _writes_for(self, stream_name: str) -> ClientWrites:
         """The local writes, if this instance writes ``stream_name`` (421 otherwise: the
@@ -542,7 +370,7 @@ class InternalHttpServer(HttpListener):
         body = await read_json(request)
         creator = _identifier_field(body, "creator", sigil="@")
         room_id = await writes.create_room(creator, _field(body, "request", dict))
-        return web.json_response({"room_id": room_id})
+        return json_response({"room_id": room_id})
 
     async def _client_send(self, request: web.Request) -> web.Response:
         writes = self._writes_for("events")
@@ -560,7 +388,7 @@ class InternalHttpServer(HttpListener):
             _field(body, "content", dict),
             _identifier_field(body, "redacts", sigil="$", optional=True),
         )
-        return web.json_response({"event_id": event_id})
+        return json_response({"event_id": event_id})
 
     async def _client_end_sessions(self, request: web.Request) -> web.Response:
         writes = self._writes_for("caches")
@@ -569,7 +397,7 @@ class InternalHttpServer(HttpListener):
             _identifier_field(body, "user_id", sigil="@"),
             _field(body, "device_id", str, optional=True),
         )
-        return web.json_response({})
+        return json_response({})
 
     async def _client_account_data(self, request: web.Request) -> web.Response:
         writes = self._writes_for("account_data")
@@ -580,7 +408,7 @@ class InternalHttpServer(HttpListener):
             _identifier_field(body, "type"),
             _field(body, "content", dict),
         )
-        return web.json_response({})
+        return json_response({})
 
     async def _client_receipt(self, request: web.Request) -> web.Response:
         writes = self._writes_for("receipts")
@@ -592,7 +420,7 @@ class InternalHttpServer(HttpListener):
             _identifier_field(body, "event_id"),
             _identifier_field(body, "thread_id", optional=True),
         )
-        return web.json_response({})
+        return json_response({})
 
     async def _client_to_device(self, request: web.Request) -> web.Response:
         writes = self._writes_for("to_device")
@@ -616,7 +444,7 @@ class InternalHttpServer(HttpListener):
             messages,
             transaction,
         )
-        return web.json_response({})
+        return json_response({})
 
     async def _client_typing(self, request: web.Request) -> web.Response:
         writes = self._writes_for("typing")
@@ -630,7 +458,7 @@ class InternalHttpServer(HttpListener):
             _field(body, "typing", bool),
             timeout,
         )
-        return web.json_response({})
+        return json_response({})
 
 
 class InternalHttpClient:

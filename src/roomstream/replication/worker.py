@@ -1,24 +1,20 @@
-"""One roomstream process with replication: writer, reader, or both.
+"""Replication for one roomstream process: writer, reader, or both.
 
-:class:`ReplicationNode` assembles the pieces for the configured instance:
+:class:`ReplicationNode` holds the replication side of the configured instance (the
+process itself is assembled by :mod:`roomstream.homeserver`):
 
-- the room engine (database, streams, event persister);
 - a :class:`~roomstream.replication.writer.StreamBroadcaster` for the streams it writes;
 - a :class:`~roomstream.replication.follower.StreamFollower` over every stream, for the
-  writers other than itself; processing a row applies cache invalidations (``caches``)
-  and optionally appends it to a record file; the ID generators advance as facts are
-  processed, and an idle writer that learns of others' positions stores and announces its
-  own;
+  writers other than itself; processing a row applies cache invalidations (``caches``),
+  hands it to the registered :class:`ReplicatedDataListener` objects (the Client-Server
+  API's notifier and caches) and optionally appends it to a record file; the ID
+  generators advance as facts are processed, and an idle writer that learns of others'
+  positions stores and announces its own;
 - the transport from the configuration: TCP (a server when it writes anything and has a
   ``replication_port``; a client per other writer instance with one) or Redis;
-- the internal HTTP API (health, metrics, in-memory stream updates, send_event, the
-  client writes other processes forward) on ``internal_port``, behind the deployment's
-  secret (:mod:`roomstream.replication.secret`), and the Matrix Client-Server API
-  (:mod:`roomstream.client`) on a listener of its own, ``http_port``, which serves
-  nothing internal.
-
-Run it with :func:`run_instance` (what ``roomstream run`` should call) or
-``python -m roomstream.replication.worker -c CONFIG --instance NAME [--record FILE]``.
+- what the internal HTTP API needs of it (health, in-memory stream updates, sending an
+  event and creating a room on an events writer), and the client of other processes'
+  internal APIs (:attr:`ReplicationNode.http_client`).
 
 The record file (``--record``) holds one JSON object per line, in processing order:
 ``{"start": {stream: {writer: token}}}`` first, then ``{"stream", "writer", "token",
@@ -29,50 +25,34 @@ processing against the database.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import errno
 import logging
-import signal
-import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 import orjson
-from rich.console import Console
 
 from roomstream import metrics
 from roomstream.caches import STATE_CACHE_GROUP, CacheGroup, CacheRegistry
-from roomstream.config import Config, ConfigError, load_config
-from roomstream.homeserver import open_room_engine
+from roomstream.config import Config, ConfigError
 from roomstream.replication.follower import StreamFollower
-from roomstream.replication.http import (
-    HttpListener,
-    InternalHttpClient,
-    InternalHttpServer,
-    StreamTooOldHttpError,
-    client_listener,
-)
+from roomstream.replication.http import InternalHttpClient, StreamTooOldHttpError
 from roomstream.replication.redis_transport import RedisReplication
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.tcp import ReplicationClient, ReplicationServer, TcpSettings
 from roomstream.replication.writer import StreamBroadcaster
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
-from roomstream.storage import DatabaseUnavailableError
 from roomstream.streams import STREAMS, InMemoryStream
 from roomstream.streams.registry import Update
 
-if TYPE_CHECKING:
-    from roomstream.client import ClientProcess
-
-__all__ = ["ReplicationNode", "main", "run_instance"]
+__all__ = ["ReplicatedDataListener", "ReplicationNode", "start_listener"]
 
 logger = logging.getLogger(__name__)
 
-#: Seconds ``run_instance`` waits for replication before saying it is degraded.
+#: Seconds the process waits for replication before saying it is degraded.
 READY_WAIT = 5.0
 #: Seconds between checks of the replication links (for the WARNING on an outage).
 HEALTH_CHECK_INTERVAL = 1.0
@@ -97,6 +77,31 @@ class _Recorder:
             self._file.flush()
             self._file.close()
             self._file = None
+
+
+class ReplicatedDataListener(Protocol):
+    """Told of every fact replication processes from another writer (in order, once)."""
+
+    def on_replicated_rows(
+        self, stream_name: str, writer: str, token: int, rows: Sequence[Any]
+    ) -> None: ...
+
+    def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None: ...
+
+
+async def start_listener(
+    config: Config, key: str, port: int, start: Callable[[], Awaitable[int]]
+) -> int:
+    """Start a listener; a port that cannot be bound is a configuration error naming the
+    key ``instances.<instance>.<key>`` (one line, instead of a traceback)."""
+    try:
+        return await start()
+    except OSError as exc:
+        host = config.instance().host
+        where = f"instances.{config.instance_name}.{key}"
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"{where}: port {port} on {host} is already in use") from None
+        raise ConfigError(f"{where}: cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
 class ReplicationNode:
@@ -154,16 +159,12 @@ class ReplicationNode:
         #: The TCP client following each writer instance (one per instance followed).
         self._client_of: dict[str, ReplicationClient] = {}
         self.redis: RedisReplication | None = None
-        #: The internal API's listener (None without internal_port).
-        self.http: InternalHttpServer | None = None
-        #: The Client-Server API's listener (None without http_port).
-        self.client_http: HttpListener | None = None
-        #: The Client-Server API, served on ``client_http`` and performing the client
-        #: writes other processes forward (None without either port).
-        self.client: ClientProcess | None = None
+        #: Told of every replicated row and position (see :class:`ReplicatedDataListener`).
+        self.listeners: list[ReplicatedDataListener] = []
         self._flusher: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
-        self._metrics = metrics.instance_registry(self)
+        #: The Prometheus registry of this instance (served on the internal listener).
+        self.metrics_registry = metrics.instance_registry(self)
 
     # -- FollowerCallbacks --------------------------------------------------------------
 
@@ -171,8 +172,8 @@ class ReplicationNode:
         if stream_name == "caches":
             for row in rows:
                 self.caches.apply_row(row)
-        if self.client is not None:
-            self.client.on_replicated_rows(stream_name, writer, token, rows)
+        for listener in self.listeners:
+            listener.on_replicated_rows(stream_name, writer, token, rows)
         recorder = self._recorder
         if recorder._file is not None:
             for row in rows:
@@ -181,8 +182,8 @@ class ReplicationNode:
                 )
 
     def advanced(self, stream_name: str, writer: str, token: int) -> None:
-        if self.client is not None:
-            self.client.on_replicated_position(stream_name, writer, token)
+        for listener in self.listeners:
+            listener.on_replicated_position(stream_name, writer, token)
         streams = self.engine.streams
         if stream_name not in streams:
             return
@@ -270,7 +271,8 @@ class ReplicationNode:
                 self.server = server = ReplicationServer(
                     config.server_name, self.broadcaster, self.settings
                 )
-                port = await self._listen(
+                port = await start_listener(
+                    config,
                     "replication_port",
                     replication_port,
                     lambda: server.start(me.host, replication_port),
@@ -294,52 +296,8 @@ class ReplicationNode:
                 client.start()
                 self.clients.append(client)
                 self._client_of[name] = client
-        if me.http_port is not None or me.internal_port is not None:
-            from roomstream.client import build_client_api  # composes above replication
-
-            self.client = build_client_api(
-                config,
-                self.engine,
-                self.http_client,
-                typing_stream=self.memory.get("typing"),
-                announce=self.broadcaster.notify,
-                invalidations_live=lambda: self.stream_live("caches"),
-            )
-        if me.internal_port is not None:
-            events_writer = self.instance_name in config.writers_of("events")
-            self.http = http = InternalHttpServer(
-                config,
-                memory_streams=self.memory,
-                send_event=self._send_event if events_writer else None,
-                create_room=self._create_room if events_writer else None,
-                status=self.status,
-                client=self.http_client,
-                metrics=lambda: metrics.render(self._metrics),
-                client_writes=self.client.forwarded if self.client is not None else None,
-            )
-            port = await self._listen("internal_port", me.internal_port, http.start)
-            logger.info("internal HTTP listening on %s:%d", me.host, port)
-        if me.http_port is not None and self.client is not None:
-            self.client_http = client_http = client_listener(self.client.api.install, config.http)
-            http_port = me.http_port
-            port = await self._listen(
-                "http_port", http_port, lambda: client_http.start(me.host, http_port)
-            )
-            logger.info("client API listening on %s:%d", me.host, port)
         self._flusher = asyncio.create_task(self._flush_loop())
         self._watcher = asyncio.create_task(self._watch_replication())
-
-    async def _listen(self, key: str, port: int, start: Callable[[], Awaitable[int]]) -> int:
-        """Start a listener; a port that cannot be bound is a configuration error naming
-        the key (one line, instead of a traceback)."""
-        try:
-            return await start()
-        except OSError as exc:
-            host = self.config.instance().host
-            where = f"instances.{self.instance_name}.{key}"
-            if exc.errno == errno.EADDRINUSE:
-                raise ConfigError(f"{where}: port {port} on {host} is already in use") from None
-            raise ConfigError(f"{where}: cannot listen on {host}:{port}: {exc.strerror}") from None
 
     async def _flush_loop(self) -> None:
         while True:
@@ -362,14 +320,6 @@ class ReplicationNode:
         if self.server is not None:
             await self.server.close()
         await self.broadcaster.stop()
-        if self.client_http is not None:
-            await self.client_http.close()
-        if self.http is not None:
-            await self.http.close()
-        if self.client is not None:
-            with contextlib.suppress(Exception):  # logged by flush; the times are a nicety
-                await self.client.client_ips.flush()
-            self.client.close()
         await self.http_client.close()
         for task in list(self._storing.values()):
             with contextlib.suppress(Exception):
@@ -378,7 +328,7 @@ class ReplicationNode:
 
     # -- HTTP actions -------------------------------------------------------------------
 
-    async def _send_event(
+    async def send_event_locally(
         self,
         room_id: str,
         sender: str,
@@ -392,7 +342,7 @@ class ReplicationNode:
         )
         return {"event_id": created.event.event_id, "stream_ordering": created.stream_ordering}
 
-    async def _create_room(self, creator: str, name: str | None) -> str:
+    async def create_room_locally(self, creator: str, name: str | None) -> str:
         room_id, _ = await self.engine.creator.create_room(
             creator, preset=RoomPreset.PUBLIC_CHAT, name=name
         )
@@ -509,100 +459,3 @@ class ReplicationNode:
                 "redis_subscriptions": None if self.redis is None else self.redis.subscriptions,
             },
         }
-
-
-async def _announce_ready(node: ReplicationNode, console: Console) -> None:
-    """Say "ready" once replication is up; if it is not within ``READY_WAIT`` seconds,
-    say it is degraded and why (and "ready" later, when it comes up)."""
-    config = node.config
-    try:
-        await asyncio.wait_for(node.replicating(), READY_WAIT)
-    except TimeoutError:
-        problems = "; ".join(node.replication_problems())
-        console.print(
-            f"roomstream instance {config.instance_name} started, replication degraded: "
-            f"{problems} (retrying; see /health)",
-            markup=False,
-            highlight=False,
-        )
-        await node.replicating()
-    console.print(
-        f"roomstream instance {config.instance_name} ready "
-        f"(transport {config.replication.transport}, "
-        f"replication port {node.server.port if node.server else '-'}, "
-        f"http port {node.client_http.port if node.client_http else '-'}, "
-        f"internal port {node.http.port if node.http else '-'})",
-        markup=False,
-        highlight=False,
-    )
-
-
-async def run_instance(
-    config: Config,
-    console: Console,
-    *,
-    record_path: str | None = None,
-    socket_buffer: int | None = None,
-    stop: asyncio.Event | None = None,
-) -> int:
-    """Run ``config.instance_name`` until SIGTERM/SIGINT (or ``stop`` is set); exit code."""
-    effective_shared_secret(config)  # an unusable secret file stops us before anything opens
-    engine = await open_room_engine(config)
-    node = ReplicationNode(config, engine, record_path=record_path, socket_buffer=socket_buffer)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    announcer: asyncio.Task[None] | None = None
-    try:
-        await node.start()
-        announcer = asyncio.create_task(_announce_ready(node, console))
-        await stop.wait()
-    finally:
-        if announcer is not None:
-            announcer.cancel()
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-        await node.stop()
-        await engine.close()
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m roomstream.replication.worker",
-        description="Run one roomstream instance with replication.",
-    )
-    parser.add_argument("-c", "--config", required=True)
-    parser.add_argument("--instance", required=True, help="instance_name to run as")
-    parser.add_argument("--record", help="append processed facts to this JSON-lines file")
-    parser.add_argument("--socket-buffer", type=int, help="SO_SNDBUF/SO_RCVBUF in bytes")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    try:
-        config = load_config(args.config).with_instance(args.instance)
-        if args.record:
-            Path(args.record).parent.mkdir(parents=True, exist_ok=True)
-        console = Console(file=sys.stdout, force_terminal=False, width=200)
-        return asyncio.run(
-            run_instance(config, console, record_path=args.record, socket_buffer=args.socket_buffer)
-        )
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"configuration error: {problem}", file=sys.stderr)
-        return 2
-    except DatabaseUnavailableError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
