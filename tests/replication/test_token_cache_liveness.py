@@ -103,7 +103,13 @@ async def writer_and_cut_off_reader(
     """``w1`` writes ``caches`` (and events); ``reader`` reaches it (Redis, or w1's
     replication port) only through a :class:`CuttableProxy`."""
     instances: dict[str, dict[str, Any]] = {
-        name: {"replication_port": free_port(), "http_port": free_port()}
+        name: {
+            "replication_port": free_port(),
+            "http_port": free_port(),
+            # The caches writer's internal API takes forwarded logouts: with it, the
+            # processes cache tokens (docs/client_api.md).
+            "internal_port": free_port(),
+        }
         for name in ("w1", "reader")
     }
     config = make_config(
