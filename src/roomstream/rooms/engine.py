@@ -56,7 +56,7 @@ class RoomEngine:
         self.streams = streams
         self.server_name = server_name
         self.store = EventStore(database)
-        self.persister = EventPersister(self.store, streams, instance_name)
+        self.persister = EventPersister(self.store, streams, instance_name, server_name=server_name)
         self.creator = LocalEventCreator(self.persister, server_name, signing_key)
         self.keys = ServerKeyStore(database, local_key_map(server_name, signing_key))
         #: Rebuilding the visibility records of rooms persisted before they existed

@@ -42,9 +42,9 @@ from typing import Any
 from roomstream.errors import AuthError, UnknownRoomError
 from roomstream.events.auth import (
     auth_types_for_event,
-    can_redact,
     check_auth_events_list,
     check_auth_rules,
+    redaction_applies,
 )
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
@@ -322,6 +322,7 @@ class EventPersister:
         streams: StreamSet,
         instance_name: str,
         *,
+        server_name: str | None = None,
         room_cache_size: int = 512,
         state_cache_size: int = 64,
     ) -> None:
@@ -329,6 +330,10 @@ class EventPersister:
         self.db = store.db
         self.streams = streams
         self.instance_name = instance_name
+        #: This server's name: its users' redactions apply only to their own events (or
+        #: with the redact level); None (an import of events received from elsewhere):
+        #: every sender is judged as a remote one (see ``redaction_applies``).
+        self.server_name = server_name
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._rooms = LruCache(room_cache_size)
         self._states = LruCache(state_cache_size)  # str(group id) -> StateMap
@@ -1129,10 +1134,12 @@ class EventPersister:
         missing = [i for i in ids if i not in by_id]
         if missing:
             by_id.update(load_events_txn(txn, missing))
+        # Each pair is judged when its second half is persisted, by the state at the
+        # redaction: a redaction stored before its target applies only if authorised then.
         for redaction_id, target_id in pairs:
             redaction, target = by_id.get(redaction_id), by_id.get(target_id)
             if redaction is None or target is None or target.room_id != redaction.room_id:
-                continue
+                continue  # never across rooms (redaction_applies says so too)
             groups = state_groups_txn(txn, [redaction_id]).get(redaction_id)
             if groups is None:
                 continue
@@ -1147,7 +1154,7 @@ class EventPersister:
                 **load_events_txn(txn, [v for v in wanted.values() if v not in by_id]),
             }
             auth_events = {k: loaded[v] for k, v in wanted.items() if v in loaded}
-            if can_redact(redaction, auth_events, target.sender):
+            if redaction_applies(redaction, target, auth_events, local_server=self.server_name):
                 txn.execute(
                     "UPDATE events SET redacted_by = ? WHERE event_id = ? AND redacted_by IS NULL",
                     (redaction_id, target_id),
