@@ -286,6 +286,7 @@ async def cmd_import(config: Config, args: argparse.Namespace) -> int:
         local_keys=_local_key_map(config),
         trust_unsigned=args.trust_unsigned,
         work_dir=args.work_dir,
+        server_name=config.server_name,
     )
 
 

@@ -1,6 +1,6 @@
 """The remaining rules for ordinary events: the create event must be there (and, in v12,
 name the room), the sender must be joined (rule 5, v12: 6), user-keyed state (rule 8,
-v12: 9), and redactions (auth as an ordinary event; ``can_redact`` for their effect)."""
+v12: 9), and redactions (auth as an ordinary event; ``redaction_applies`` for their effect)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from functools import partial
 
 import pytest
 
-from roomstream.events.auth import can_redact, check_auth_rules
+from roomstream.events.auth import check_auth_rules, redaction_applies
 from roomstream.events.model import Event
 from roomstream.events.room_versions import ROOM_V10, ROOM_V11, ROOM_V12, RoomVersion
 
@@ -154,42 +154,69 @@ def test_redaction_is_authorised_like_any_event(version: RoomVersion) -> None:
     refused(lambda: room.check(redaction(room, BOB)), "level 20", "m.room.redaction")
 
 
+def target(room: Room, sender: str) -> Event:
+    """The event ``$target`` of ``room``, sent by ``sender``."""
+    return room.make("m.room.message", sender, {"body": "x"}, event_id="$target")
+
+
+def applies(room: Room, sender: str, target_sender: str, local: str | None = None) -> bool:
+    return redaction_applies(
+        redaction(room, sender), target(room, target_sender), room.state, local_server=local
+    )
+
+
 @versions()
 @pytest.mark.parametrize(
-    ("sender", "redacts_sender", "expected"),
+    ("sender", "redacts_sender", "local", "expected"),
     [
-        (ALICE, BOB, True),  # at or above the redact level
-        (CAROL, BOB, True),  # moderator at exactly the redact level
-        (BOB, BOB, True),  # own event
-        (BOB, "@bob2:b.example", True),  # same server
-        (DAVE, BOB, False),  # neither
-        (DAVE, None, False),  # target unknown: only the redact level helps
-        (CAROL, None, True),
-        (ALICE_FRIEND, ALICE, True),
+        (ALICE, BOB, None, True),  # at or above the redact level
+        (CAROL, BOB, None, True),  # moderator at exactly the redact level
+        (BOB, BOB, None, True),  # own event
+        (BOB, "@bob2:b.example", None, True),  # same (remote) server
+        (BOB, "@bob2:b.example", "b.example", False),  # same server, but ours: exact only
+        (BOB, BOB, "b.example", True),  # our user's own event
+        (CAROL, BOB, "c.example", True),  # our moderator
+        (DAVE, BOB, None, False),  # neither
+        (ALICE_FRIEND, ALICE, None, True),
+        (ALICE_FRIEND, ALICE, "a.example", False),
     ],
 )
-def test_can_redact(
-    version: RoomVersion, sender: str, redacts_sender: str | None, expected: bool
+def test_redaction_applies(
+    version: RoomVersion, sender: str, redacts_sender: str, local: str | None, expected: bool
 ) -> None:
     room = standard_room(version, members=[BOB, CAROL, DAVE], users={CAROL: 50, DAVE: 49})
     assert redaction(room, sender).redacts == "$target"
-    assert can_redact(redaction(room, sender), room.state, redacts_sender) is expected
+    assert applies(room, sender, redacts_sender, local) is expected
 
 
 @versions()
-def test_can_redact_follows_the_redact_level(version: RoomVersion) -> None:
+def test_redaction_never_applies_across_rooms_or_to_another_event(version: RoomVersion) -> None:
+    room = standard_room(version, members=[BOB])
+    elsewhere = Event({**target(room, BOB).data, "room_id": "!other:a.example"}, version, "$target")
+    # Alice holds the redact level, Bob sent both: neither helps across rooms.
+    for sender in (ALICE, BOB):
+        assert not redaction_applies(
+            redaction(room, sender), elsewhere, room.state, local_server=None
+        )
+        assert not redaction_applies(
+            redaction(room, sender, "$other"), target(room, BOB), room.state, local_server=None
+        )
+
+
+@versions()
+def test_redaction_follows_the_redact_level(version: RoomVersion) -> None:
     room = standard_room(version, members=[DAVE], users={DAVE: 10}, power_levels={"redact": 10})
-    assert can_redact(redaction(room, DAVE), room.state, BOB)
+    assert applies(room, DAVE, BOB)
     room.set_power_levels({**room.state[("m.room.power_levels", "")].content, "redact": 11})
-    assert not can_redact(redaction(room, DAVE), room.state, BOB)
+    assert not applies(room, DAVE, BOB)
 
 
-def test_can_redact_without_power_levels_event() -> None:
+def test_redaction_without_power_levels_event() -> None:
     # Default redact level 50: the v11 creator's implicit 100 suffices, others' 0 does not.
     room = Room(ROOM_V11)
     room.join(ALICE)
-    assert can_redact(redaction(room, ALICE), room.state, BOB)
-    assert not can_redact(redaction(room, DAVE), room.state, BOB)
+    assert applies(room, ALICE, BOB)
+    assert not applies(room, DAVE, BOB)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +230,7 @@ def test_additional_creator_redacts_only_in_v12(version: RoomVersion, expected: 
     room.set_power_levels(
         {"users": {ALICE: 100} if version is not ROOM_V12 else {}, "redact": 10**9}
     )
-    assert can_redact(redaction(room, DAVE), room.state, BOB) is expected
+    assert applies(room, DAVE, BOB) is expected
 
 
 @versions()

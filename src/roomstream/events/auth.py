@@ -35,14 +35,15 @@ __all__ = [
     "REDACTION",
     "THIRD_PARTY_INVITE",
     "auth_types_for_event",
-    "can_redact",
     "check_auth_events_list",
     "check_auth_rules",
     "get_named_level",
     "get_room_creators",
     "get_send_level",
     "get_user_power_level",
+    "holds_redact_level",
     "is_valid_user_id",
+    "redaction_applies",
 ]
 
 CREATE: Final = "m.room.create"
@@ -879,25 +880,40 @@ def _check_power_levels(
 # --------------------------------------------------------------------------------------
 
 
-def can_redact(
+def holds_redact_level(sender: str, auth_events: Mapping[StateKey, Event]) -> bool:
+    """Whether ``sender``'s power level reaches the *redact level* (default 50): such a
+    sender may redact any event of the room (v12 creators, with infinite power, always)."""
+    return get_user_power_level(sender, auth_events) >= get_named_level(auth_events, "redact")
+
+
+def redaction_applies(
     redaction: Event,
+    redacted: Event,
     auth_events: Mapping[StateKey, Event],
-    redacted_event_sender: str | None,
+    *,
+    local_server: str | None,
 ) -> bool:
-    """Whether an (authorised) redaction may take effect on its target.
+    """Whether an accepted redaction may take effect on ``redacted``: the one rule every
+    place that redacts anything (persisting, the import, the client API's refusal) uses.
 
-    "Handling redactions" (unchanged from v3 through v12): the redaction applies if its
-    sender's power level reaches the *redact level* (default 50), or if its sender's
-    server is the target's sender's server. ``redacted_event_sender`` is ``None`` while the
-    target is unknown: then only the redact level can grant it. In v12 creators, with
-    infinite power, can always redact.
+    The auth rules accept a redaction event without asking who may redact what (v3 and
+    later); "handling redactions" leaves that to the server. It applies iff
 
-    The redaction event itself passes :func:`check_auth_rules` like any other event (only
-    its send level counts); this decides whether the target is actually redacted.
+    - it is in the room of ``redacted`` and names it (never across rooms); and
+    - its sender holds the redact level (:func:`holds_redact_level`, judged by
+      ``auth_events``: the state at the redaction), or is ``redacted``'s sender, or -- only
+      for a redaction from another server -- is on the server of ``redacted``'s sender
+      (the spec's wording: a remote server is trusted to have checked its own users).
+
+    ``local_server``: this server's name. Its own users are judged exactly (sender
+    equality), since this server is the one that must check them; ``None`` treats every
+    sender as remote. Pure: the same inputs always give the same answer.
     """
-    sender_level = get_user_power_level(redaction.sender, auth_events)
-    if sender_level >= get_named_level(auth_events, "redact"):
-        return True
-    if redacted_event_sender is None:
+    if redaction.room_id != redacted.room_id or redaction.redacts != redacted.event_id:
         return False
-    return _domain(redaction.sender) == _domain(redacted_event_sender)
+    if holds_redact_level(redaction.sender, auth_events):
+        return True
+    if redaction.sender == redacted.sender:
+        return True
+    server = _domain(redaction.sender)
+    return server != local_server and server == _domain(redacted.sender)

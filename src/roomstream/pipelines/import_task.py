@@ -76,6 +76,9 @@ class TaskSettings:
     verify_keys: KeyMap = field(default_factory=dict)
     #: Skip the signature checks (the operator vouches for the input).
     trust_unsigned: bool = False
+    #: The target's server name: its users' redactions are judged as local ones (see
+    #: ``redaction_applies``); None judges every sender as remote.
+    server_name: str | None = None
 
     def signature_keys(self) -> VerifyKeys | None:
         """The keys to check signatures with; None when the input is trusted unsigned."""
@@ -536,7 +539,9 @@ async def persist_rooms(
         await prepare_database(db)
         writers = {name: (settings.instance_name,) for name in STREAMS}
         streams = await StreamSet.open(db, settings.instance_name, writers)
-        persister = EventPersister(EventStore(db), streams, settings.instance_name)
+        persister = EventPersister(
+            EventStore(db), streams, settings.instance_name, server_name=settings.server_name
+        )
         # Several rooms in flight: the persister's group commit then writes many rooms'
         # events per transaction (small rooms otherwise cost a commit each). The order
         # is still deterministic: one thread, rooms admitted in sorted order.

@@ -386,7 +386,9 @@ async def _add_to_existing(
         await prepare_database(db)
         streams = await StreamSet.open(db, settings.instance_name, stream_writers)
         store = EventStore(db)
-        persister = EventPersister(store, streams, settings.instance_name)
+        persister = EventPersister(
+            store, streams, settings.instance_name, server_name=settings.server_name
+        )
         room_ids = sorted(rooms)
         outliers_before = await db.run_interaction(_outliers_txn, room_ids)
         window = asyncio.Semaphore(max(1, settings.rooms_in_flight))
@@ -536,6 +538,7 @@ def import_events(
     fault: Callable[[int], None] | None = None,
     verify_keys: KeyMap | None = None,
     trust_unsigned: bool = False,
+    server_name: str | None = None,
 ) -> ImportReport:
     """Import the PDUs in ``path`` into ``target``; see the module docstring.
 
@@ -543,6 +546,9 @@ def import_events(
     and a restricted join's authorising server) by keys in ``verify_keys`` or among those
     stored in the target (``roomstream keys add``); lines that do not are reported
     ``invalid``. ``trust_unsigned`` skips that check, for input the caller vouches for.
+    ``server_name``: the target's; redactions by its users apply only to their own events
+    (or with the redact level), those of other servers' users by the spec's server rule
+    (``redaction_applies``). None judges every sender as remote.
 
     ``partitions`` defaults to 4x Spark's default parallelism (at most
     :data:`MAX_SQLITE_PARTS` for a SQLite target). ``work_dir`` (default: the system's
@@ -586,6 +592,7 @@ def import_events(
             chunk_events=chunk_events,
             verify_keys=keys,
             trust_unsigned=trust_unsigned,
+            server_name=server_name,
         )
         with _View(console, report.lines) as view:
             parts = _run_spark(spark, path, settings, partitions, view, report, target)
@@ -650,6 +657,7 @@ def import_cli(
     keys_files: Sequence[str] = (),
     local_keys: Mapping[str, Mapping[str, str]] | None = None,
     trust_unsigned: bool = False,
+    server_name: str | None = None,
 ) -> int:
     """``roomstream import PATH``: import with a progress display, then print a summary.
 
@@ -695,6 +703,7 @@ def import_cli(
             console=console,
             verify_keys=verify_keys,
             trust_unsigned=trust_unsigned,
+            server_name=server_name,
         )
     except ExistingRoomsError as exc:
         console.print(Text("import failed: ", style="red") + Text(str(exc)))

@@ -16,13 +16,19 @@ from typing import Any
 from signedjson.types import SigningKey
 
 from roomstream.errors import AuthError, Codes, MatrixError
-from roomstream.events.auth import auth_types_for_event, check_auth_rules
+from roomstream.events.auth import (
+    REDACTION,
+    auth_types_for_event,
+    check_auth_rules,
+    holds_redact_level,
+    redaction_applies,
+)
 from roomstream.events.format import (
     build_event_dict,
     finalise_local_event,
     room_id_for_create_event,
 )
-from roomstream.events.model import Event
+from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, RoomVersion, room_version
 from roomstream.rooms.persist import CREATE_KEY, EventPersister, PersistedEvent, TransactionKey
 
@@ -107,7 +113,10 @@ class LocalEventCreator:
             )
             auth_needed = {k: current[k] for k in [*keys, CREATE_KEY] if k in current}
             auth_events = await persister.get_events(auth_needed.values())
-            check_auth_rules(event, {k: auth_events[v] for k, v in auth_needed.items()})
+            auth_map = {k: auth_events[v] for k, v in auth_needed.items()}
+            check_auth_rules(event, auth_map)
+            if event.type == REDACTION:
+                await self._check_redaction(event, auth_map)
             committed = await persister.prepare_room_locked(
                 room_id,
                 [event],
@@ -118,6 +127,36 @@ class LocalEventCreator:
         # The next event of the room can be built while this one commits.
         results = await committed
         return CreatedEvent(event, _only(results, event).stream_ordering)
+
+    async def _check_redaction(
+        self, redaction: Event, auth_events: Mapping[StateKey, Event]
+    ) -> None:
+        """Refuse a redaction a local user may not make, before anything is stored (the
+        auth rules accept any redaction a member may send; see ``redaction_applies``).
+
+        As Synapse answers: an event of another room is ``400 M_INVALID_PARAM``; a
+        sender with the redact level may redact any event of the room, even one not
+        known here yet (it applies if the event arrives, see ``EventPersister``); anyone
+        else must name a known event (``404 M_NOT_FOUND``) that the rule lets them
+        redact, in practice one they sent (``403 M_FORBIDDEN``).
+        """
+        target_id = redaction.redacts
+        if target_id is None:
+            return  # redacts nothing (the format checks require it where it matters)
+        target = (await self.persister.get_events([target_id])).get(target_id)
+        if target is not None and target.room_id != redaction.room_id:
+            raise MatrixError(
+                400, Codes.INVALID_PARAM, f"{target_id} is not an event of {redaction.room_id}"
+            )
+        if holds_redact_level(redaction.sender, auth_events):
+            return
+        if target is None:
+            raise MatrixError(404, Codes.NOT_FOUND, f"unknown event {target_id}")
+        if not redaction_applies(redaction, target, auth_events, local_server=self.server_name):
+            raise AuthError(
+                f"{redaction.sender} may not redact {target_id}: only its sender, or a"
+                " member with the redact level, may"
+            )
 
     async def create_room(
         self,

@@ -52,7 +52,11 @@ class RoomEngine:
         self.server_name = server_name
         self.store = EventStore(database, event_cache_size)
         self.persister = EventPersister(
-            self.store, streams, instance_name, participants=participants
+            self.store,
+            streams,
+            instance_name,
+            participants=participants,
+            server_name=server_name,
         )
         self.creator = LocalEventCreator(self.persister, server_name, signing_key)
         self.keys = ServerKeyStore(database, local_key_map(server_name, signing_key))

@@ -43,9 +43,9 @@ from typing import Any
 from roomstream.errors import AuthError, UnknownRoomError
 from roomstream.events.auth import (
     auth_types_for_event,
-    can_redact,
     check_auth_events_list,
     check_auth_rules,
+    redaction_applies,
 )
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
@@ -324,6 +324,7 @@ class EventPersister:
         instance_name: str,
         *,
         participants: Sequence[PersistParticipant] = (),
+        server_name: str | None = None,
         room_cache_size: int = 512,
         state_cache_size: int = 64,
     ) -> None:
@@ -331,6 +332,10 @@ class EventPersister:
         self.db = store.db
         self.streams = streams
         self.instance_name = instance_name
+        #: This server's name: its users' redactions apply only to their own events (or
+        #: with the redact level); None (an import of events received from elsewhere):
+        #: every sender is judged as a remote one (see ``redaction_applies``).
+        self.server_name = server_name
         # Only rooms being written hold a lock: every holder and waiter references it, so
         # mutual exclusion is kept, and it goes once the last of them lets go (a lock per
         # room ever written would grow with the rooms forever).
@@ -1136,10 +1141,12 @@ class EventPersister:
         missing = [i for i in ids if i not in by_id]
         if missing:
             by_id.update(load_events_txn(txn, missing))
+        # Each pair is judged when its second half is persisted, by the state at the
+        # redaction: a redaction stored before its target applies only if authorised then.
         for redaction_id, target_id in pairs:
             redaction, target = by_id.get(redaction_id), by_id.get(target_id)
             if redaction is None or target is None or target.room_id != redaction.room_id:
-                continue
+                continue  # never across rooms (redaction_applies says so too)
             groups = state_groups_txn(txn, [redaction_id]).get(redaction_id)
             if groups is None:
                 continue
@@ -1154,7 +1161,7 @@ class EventPersister:
                 **load_events_txn(txn, [v for v in wanted.values() if v not in by_id]),
             }
             auth_events = {k: loaded[v] for k, v in wanted.items() if v in loaded}
-            if can_redact(redaction, auth_events, target.sender):
+            if redaction_applies(redaction, target, auth_events, local_server=self.server_name):
                 txn.execute(
                     "UPDATE events SET redacted_by = ? WHERE event_id = ? AND redacted_by IS NULL",
                     (redaction_id, target_id),
