@@ -207,10 +207,15 @@ async def run_instance(
     stop: asyncio.Event | None = None,
 ) -> int:
     """Run ``config.instance_name`` until SIGTERM/SIGINT (or ``stop`` is set); exit code."""
-    effective_shared_secret(config)  # an unusable secret file stops us before anything opens
     if record_path:
         Path(record_path).parent.mkdir(parents=True, exist_ok=True)
+    # The database first: one that does not exist is the one line an operator sees.
     engine = await open_room_engine(config)
+    try:
+        effective_shared_secret(config)  # an unusable secret file: one configuration error
+    except BaseException:
+        await engine.close()
+        raise
     server = Homeserver(config, engine, record_path=record_path, socket_buffer=socket_buffer)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

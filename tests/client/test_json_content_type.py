@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestServer
 
 from roomstream.config import Config
 from roomstream.replication.http import PREFIX, InternalHttpServer
+from roomstream.replication.secret import effective_shared_secret
 from roomstream.storage import DatabaseConfig
 from tests.client.conftest import Homeserver, make_config
 
@@ -58,18 +59,20 @@ async def test_internal_api_answers_say_exactly_application_json(
 ) -> None:
     config: Config = make_config(db_config, tmp_path)
     internal = InternalHttpServer(config, status=lambda: {"problems": []})
+    secret = {"Authorization": f"Bearer {effective_shared_secret(config)}"}
     server = TestServer(internal.app)
     await server.start_server()
     try:
         async with aiohttp.ClientSession() as session:
-            for path, expected_status in [
-                (PREFIX + "/health", 200),  # web.json_response in the handler
-                (PREFIX + "/streams/nonsense/updates", 404),  # a MatrixError
-                (PREFIX + "/streams/typing/updates?from=x", 404),
-                ("/nowhere", 404),
+            for path, headers, expected_status in [
+                (PREFIX + "/health", secret, 200),  # json_response in the handler
+                (PREFIX + "/health", {}, 401),  # refused by the bearer middleware
+                (PREFIX + "/streams/nonsense/updates", secret, 404),  # a MatrixError
+                (PREFIX + "/streams/typing/updates?from=x", secret, 404),
+                ("/nowhere", secret, 404),
             ]:
                 status, content_type = await _content_type(
-                    session, "GET", str(server.make_url(path))
+                    session, "GET", str(server.make_url(path)), headers=headers
                 )
                 assert status == expected_status, (path, status)
                 assert content_type == "application/json", (path, content_type)
