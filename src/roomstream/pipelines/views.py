@@ -43,6 +43,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
+from roomstream.events.redaction import redact
+from roomstream.events.room_versions import room_version
 from roomstream.pipelines.dbio import jdbc_url, options_from_config
 from roomstream.pipelines.session import spark_session
 from roomstream.pipelines.sinks import DatabaseSink
@@ -97,8 +99,11 @@ class ContentLookup(Protocol):
 
 
 class EventJsonContentLookup:
-    """Reads ``event_json(event_id, ..., json)`` (the full event as JSON text or bytes,
-    content under ``"content"``), the table the event persister writes (migration 0003)."""
+    """Reads ``event_json(event_id, room_version, json)`` (the full event as JSON text or
+    bytes, content under ``"content"``), the table the event persister writes (migration
+    0003). An event whose redaction applied (``events.redacted_by``, set only by the
+    persister, under the redaction rules) is read in its redacted form: a redacted display
+    name never reaches the directories."""
 
     def __init__(self, table: str = "event_json", chunk: int = 500) -> None:
         self.table = table
@@ -110,10 +115,15 @@ class EventJsonContentLookup:
         for i in range(0, len(ids), self.chunk):
             part = ids[i : i + self.chunk]
             marks = ", ".join("?" * len(part))
-            for event_id, raw in txn.query(
-                f"SELECT event_id, json FROM {self.table} WHERE event_id IN ({marks})", part
+            for event_id, raw, version, redacted_by in txn.query(
+                f"SELECT j.event_id, j.json, j.room_version, e.redacted_by FROM {self.table} j"
+                f" LEFT JOIN events e ON e.event_id = j.event_id WHERE j.event_id IN ({marks})",
+                part,
             ):
-                content = orjson.loads(raw).get("content")
+                event = orjson.loads(raw)
+                if redacted_by is not None:
+                    event = redact(event, room_version(version))
+                content = event.get("content")
                 if isinstance(content, dict):
                     out[str(event_id)] = content
         return out
