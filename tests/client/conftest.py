@@ -176,7 +176,9 @@ class ServerProcess:
 
 
 @asynccontextmanager
-async def serve_roomstream(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[RunningServer]:
+async def serve_roomstream(
+    db_config: DatabaseConfig, tmp_path: Path
+) -> AsyncIterator[RunningServer]:
     """``roomstream run`` in a subprocess on free loopback ports, on the given database;
     entered once it prints its ready line, stopped (and checked for errors) on exit."""
     database: dict[str, Any] = {"engine": db_config.engine}

@@ -13,7 +13,6 @@ elsewhere they are skipped with the reason.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -79,24 +78,31 @@ async def page_url(web_page: Path) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    if not CHROMIUM.is_file():
+        _missing(f"Chromium is missing at {CHROMIUM} (scripts/system-deps.sh installs it)")
+    return CHROMIUM
+
+
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def browser() -> AsyncIterator[Browser]:
+async def browser(chromium: Path) -> AsyncIterator[Browser]:
     """Debian's Chromium, headless, driven by Playwright (never Playwright's own download).
     ``--no-sandbox``: the tests may run as root, where Chromium's sandbox refuses to start."""
-    if not CHROMIUM.is_file() and shutil.which("chromium") is None:
-        _missing(f"Chromium is missing at {CHROMIUM} (scripts/system-deps.sh installs it)")
     async with async_playwright() as playwright:
-        chromium = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=["--no-sandbox"], headless=True
+        browser = await playwright.chromium.launch(
+            executable_path=str(chromium), args=["--no-sandbox"], headless=True
         )
         try:
-            yield chromium
+            yield browser
         finally:
-            await chromium.close()
+            await browser.close()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def roomstream_server(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[RunningServer]:
+async def roomstream_server(
+    db_config: DatabaseConfig, tmp_path: Path
+) -> AsyncIterator[RunningServer]:
     """``roomstream run`` on the test's engine, in the session's event loop (the browser's)."""
     async with serve_roomstream(db_config, tmp_path) as server:
         yield server

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from playwright.async_api import Browser, BrowserContext, Page, expect
+from playwright.async_api import Browser, BrowserContext, Locator, Page, expect
 
 from tests.client.conftest import RunningServer
 
@@ -137,7 +137,10 @@ class WebRig:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def rig(
-    browser: Browser, page_url: str, roomstream_server: RunningServer, request: pytest.FixtureRequest
+    browser: Browser,
+    page_url: str,
+    roomstream_server: RunningServer,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[WebRig]:
     rig = WebRig(browser, page_url, roomstream_server, request.node.name)
     try:
@@ -176,7 +179,7 @@ async def create_room(user: WebUser, name: str, *, encrypted: bool) -> None:
     await expect(page.locator(".RoomHeader h2")).to_have_text(name)
 
 
-def composer(page: Page) -> Any:
+def composer(page: Page) -> Locator:
     return page.locator(".MessageComposer textarea")
 
 
@@ -189,7 +192,7 @@ async def send(user: WebUser, text: str) -> None:
         await expect(message(user.page, text)).to_be_visible()
 
 
-def message(page: Page, text: str) -> Any:
+def message(page: Page, text: str) -> Locator:
     """A message tile's body showing exactly ``text`` (the body also holds its time)."""
     exactly = re.compile("^" + re.escape(text) + r"\s*(\d{1,2}:\d{2}\s*[AP]M)?$")
     return page.locator(".Timeline_message .Timeline_messageBody").filter(has_text=exactly)
