@@ -206,12 +206,23 @@ async def open_invite_and_accept(user: WebUser, room_name: str) -> None:
 
 
 async def scroll_back_to(page: Page, text: str) -> None:
-    """Scroll the timeline to its top until ``text`` is rendered: each poll scrolls up again,
-    so Hydrogen keeps filling gaps (``/messages``) and loading stored history until it shows."""
+    """Scroll the timeline to its top until ``text`` is rendered: each poll scrolls again, so
+    Hydrogen keeps filling gaps (``/messages``) and loading stored history until it shows."""
     await page.wait_for_function(
         """text => {
             const scroller = document.querySelector(".Timeline_scroller");
-            if (scroller) { scroller.scrollTop = 0; }
+            // Up to the top, or a pixel down when already there: Hydrogen fills a gap
+            // when a scroll event finds it in view, so every poll really scrolls.
+            if (scroller) { scroller.scrollTop = scroller.scrollTop === 0 ? 1 : 0; }
+            // Hydrogen 0.3.1 stops there once the tiles beside a gap were replaced by their
+            // decrypted versions: scrolling no longer reaches the gap tile (its view holds
+            // stale tiles), which keeps its next token and never asks for more. Telling the
+            // gap tiles they are in view, as that scroll should have, resumes the filling.
+            const timeline = window.__hydrogenViewModel?.sessionViewModel
+                ?.currentRoomViewModel?.timelineViewModel;
+            for (const tile of timeline ? timeline.tiles : []) {
+                if (tile.shape === "gap" && !tile.isLoading) { tile.notifyVisible(); }
+            }
             const shown = body => [...body.childNodes]
                 .filter(node => node.nodeType !== Node.COMMENT_NODE && node.nodeName !== "TIME")
                 .map(node => node.textContent).join("").trim();
@@ -262,15 +273,18 @@ async def chat_scenario(rig: WebRig, *, encryption: bool) -> None:
     bob.page = await bob.context.new_page()
     await bob.page.goto(bob_room_url)
     await expect(message(bob.page, HISTORY[-1])).to_be_visible()
-    await scroll_back_to(bob.page, CHAT[0])
-    for text in (CHAT[1], HISTORY[0]):
+    # The gap lies between his stored "hello alice" and the synced tail: scrolling back to
+    # the first message of the gap fills it.
+    await scroll_back_to(bob.page, HISTORY[0])
+    for text in CHAT:
         await expect(message(bob.page, text)).to_be_attached()
 
     # Alice reloads: her stored history, back to the first message.
     await alice.page.reload()
     await expect(message(alice.page, HISTORY[-1])).to_be_visible()
     await scroll_back_to(alice.page, CHAT[0])
-    await expect(message(alice.page, CHAT[1])).to_be_attached()
+    for text in (CHAT[1], HISTORY[0]):
+        await expect(message(alice.page, text)).to_be_attached()
 
     await check_what_the_server_holds(rig, alice)
 
