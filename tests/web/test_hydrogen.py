@@ -12,7 +12,8 @@ ships (olm loaded: device and one-time keys uploaded at login, the room created 
 Megolm keys shared over to-device messages). The server must then only ever hold ciphertext.
 
 On failure, a screenshot of every user's page is saved under ``test-artifacts/web/`` and
-named in the failure. Every wait is a Playwright auto-waiting locator or ``expect``.
+named in the failure. Every wait is a Playwright auto-waiting locator, ``expect``,
+``wait_for_function`` or a long-polling ``/sync``; never a sleep.
 """
 
 from __future__ import annotations
