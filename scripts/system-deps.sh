@@ -2,9 +2,10 @@
 # Installs the Debian packages roomstream needs, only when missing. Idempotent, non-interactive.
 #   libpostgresql-jdbc-java : PostgreSQL JDBC driver for Spark (no Maven downloads at run time)
 #   openjdk-17-jre-headless : the JVM PySpark runs on
+#   chromium                : the browser the web-client tests (tests/web) drive through Playwright
 set -euo pipefail
 needed=()
-for pkg in libpostgresql-jdbc-java openjdk-17-jre-headless; do
+for pkg in libpostgresql-jdbc-java openjdk-17-jre-headless chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || needed+=("$pkg")
 done
 if [ ${#needed[@]} -gt 0 ]; then

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,10 +175,12 @@ class ServerProcess:
         return [line for line in self.output if "Traceback" in line or " ERROR " in line]
 
 
-@pytest.fixture
-async def running_server(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[RunningServer]:
-    """``roomstream run`` in a subprocess on free loopback ports, on the test's database;
-    ready once it prints its ready line."""
+@asynccontextmanager
+async def serve_roomstream(
+    db_config: DatabaseConfig, tmp_path: Path
+) -> AsyncIterator[RunningServer]:
+    """``roomstream run`` in a subprocess on free loopback ports, on the given database;
+    entered once it prints its ready line, stopped (and checked for errors) on exit."""
     database: dict[str, Any] = {"engine": db_config.engine}
     if db_config.engine == "sqlite":
         database["path"] = str(tmp_path / "server.db")
@@ -206,3 +209,10 @@ async def running_server(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIter
     finally:
         await server.stop()
     assert not server.errors(), "".join(server.output[-80:])
+
+
+@pytest.fixture
+async def running_server(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[RunningServer]:
+    """``roomstream run`` in a subprocess (see `serve_roomstream`)."""
+    async with serve_roomstream(db_config, tmp_path) as server:
+        yield server
