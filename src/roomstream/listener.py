@@ -66,6 +66,11 @@ __all__ = [
     "quiet_client_protocol_errors",
 ]
 
+#: Seconds a stopping listener lets requests in flight finish before cancelling them.
+#: aiohttp's default is 60 s, and a ``/sync`` long poll waits up to its timeout: a
+#: process told to stop would otherwise hang on its idle clients' polls. Cancelled polls
+#: lose nothing (a client retries from the token it has).
+SHUTDOWN_GRACE = 2.0
 #: Characters of a parser error's message kept (the rest is the received garbage).
 MAX_ERROR_MESSAGE = 200
 
@@ -287,7 +292,9 @@ class HttpListener:
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port``; the port actually bound."""
         quiet_client_protocol_errors()
-        self._runner = GuardedAppRunner(self.app, self.limits, access_log=None)
+        self._runner = GuardedAppRunner(
+            self.app, self.limits, access_log=None, shutdown_timeout=SHUTDOWN_GRACE
+        )
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port)
         await self._site.start()
