@@ -37,6 +37,8 @@ MAX_DEVICE_ID_LENGTH = 255
 LOCALPART = re.compile(r"[a-z0-9._=\-/+]+")
 #: The one user-interactive-auth flow offered for registration.
 REGISTRATION_FLOWS = [{"stages": ["m.login.dummy"]}]
+#: The flow offered for sensitive actions of a logged-in user.
+PASSWORD_FLOWS = [{"stages": ["m.login.password"]}]
 
 USER_IN_USE = "M_USER_IN_USE"
 INVALID_USERNAME = "M_INVALID_USERNAME"
@@ -239,6 +241,36 @@ class Accounts:
         token = new_access_token()
         await self.store.login_device(user_id, device_id, display_name, token_hash(token))
         return LoginResult(user_id, device_id, token)
+
+    async def require_password_auth(self, user_id: str, auth: dict[str, Any] | None) -> None:
+        """User-interactive auth with one ``m.login.password`` stage for a sensitive action
+        of ``user_id`` (deleting devices, replacing cross-signing keys): 401 with the flow
+        until ``auth`` holds this user's password; a wrong password is 403 M_FORBIDDEN."""
+        if not isinstance(auth, dict) or auth.get("type") != "m.login.password":
+            session = auth.get("session") if isinstance(auth, dict) else None
+            if not isinstance(session, str) or not session:
+                session = secrets.token_urlsafe(18)
+            raise UserInteractiveAuthRequired(session, PASSWORD_FLOWS)
+        identifier = auth.get("identifier")
+        named = identifier.get("user") if isinstance(identifier, dict) else auth.get("user")
+        password = auth.get("password")
+        if not isinstance(password, str) or (
+            named is not None and (not isinstance(named, str) or self._names(named) != user_id)
+        ):
+            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+        record = await self.store.get_user(user_id)
+        if (
+            record is None
+            or record.password_hash is None
+            or not await verify_password(record.password_hash, password)
+        ):
+            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+
+    def _names(self, user: str) -> str | None:
+        try:
+            return self.local_user_id(user)
+        except MatrixError:
+            return None
 
     async def authenticate(self, access_token: str | None) -> Requester:
         """The owner of a token: M_MISSING_TOKEN / M_UNKNOWN_TOKEN (401) otherwise."""

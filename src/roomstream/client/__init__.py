@@ -23,9 +23,11 @@ from roomstream.accounts.service import EndSessions
 from roomstream.accounts.token_cache import TokenCache
 from roomstream.client.account_routes import account_routes
 from roomstream.client.admin_routes import admin_routes
+from roomstream.client.device_routes import device_routes
 from roomstream.client.directory import DirectoryReader
 from roomstream.client.directory_routes import directory_routes
 from roomstream.client.forwarded import ForwardedWrites
+from roomstream.client.keys_routes import keys_routes
 from roomstream.client.legacy import LegacyReads
 from roomstream.client.legacy_routes import legacy_routes
 from roomstream.client.notifier import Notifier
@@ -42,6 +44,7 @@ from roomstream.client.userdata import UserData
 from roomstream.client.userdata_routes import userdata_routes
 from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
 from roomstream.config import Config
+from roomstream.e2e import E2eKeys
 from roomstream.reading import RoomReader
 from roomstream.replication.http import InternalHttpClient
 from roomstream.rooms.engine import RoomEngine
@@ -118,6 +121,10 @@ class ClientProcess:
         #: Where each device was seen from (GET /admin/whois), and OpenID tokens.
         self.client_ips = ClientIps(engine.db)
         self.openid = OpenIdTokens(engine.db)
+        #: Device keys, cross-signing and the device_lists stream.
+        self.keys = E2eKeys(
+            engine.db, engine.streams.generator("device_lists"), self.accounts.require_password_auth
+        )
         legacy = LegacyReads(self.reader, engine.store, self.store, self.userdata, self.notifier)
         self.api = ClientApi(
             self.accounts,
@@ -151,6 +158,8 @@ class ClientProcess:
                 *legacy_routes(self.accounts, self.rooms, self.reader, legacy),
                 *admin_routes(self.accounts, self.client_ips),
                 *openid_routes(self.accounts, self.openid),
+                *keys_routes(self.accounts, self.keys),
+                *device_routes(self.accounts, self.keys, self.userdata.drop_device_inbox),
             ],
             self.client_ips,
         )

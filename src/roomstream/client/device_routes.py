@@ -1,0 +1,96 @@
+"""Handlers for device management: ``/devices``, ``/devices/{deviceId}``,
+``/delete_devices``. Deleting a device ends its sessions (tokens), forgets its keys and
+drops its to-device queue; it needs the user's password (user-interactive auth)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from roomstream.accounts import Accounts
+from roomstream.client.request import json_response, optional, read_json, required
+from roomstream.client.server import Route, authenticate
+from roomstream.e2e import E2eKeys
+from roomstream.errors import Codes, MatrixError
+
+__all__ = ["device_routes"]
+
+#: Longest device display name accepted.
+MAX_DISPLAY_NAME = 1000
+
+#: Drops the to-device queue of (user, device).
+DropInbox = Callable[[str, str], Awaitable[None]]
+
+
+def _device_json(user_id: str, device_id: str, name: str | None) -> dict[str, Any]:
+    # last_seen_ip / last_seen_ts are optional in the spec; GET /admin/whois has them.
+    return {"user_id": user_id, "device_id": device_id, "display_name": name}
+
+
+def device_routes(accounts: Accounts, keys: E2eKeys, drop_inbox: DropInbox) -> list[Route]:
+    store = accounts.store
+
+    async def delete(user_id: str, device_ids: list[str], auth: dict[str, Any] | None) -> None:
+        await accounts.require_password_auth(user_id, auth)
+        for device_id in device_ids:
+            await accounts.end_sessions(user_id, device_id)
+            await drop_inbox(user_id, device_id)
+        await keys.device_deleted(user_id, device_ids)
+
+    async def list_devices(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        devices = await store.get_devices(requester.user_id)
+        return json_response(
+            {"devices": [_device_json(requester.user_id, d, n) for d, n in devices]}
+        )
+
+    async def get_device(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        found = await store.get_device(requester.user_id, request.match_info["device_id"])
+        if found is None:
+            raise MatrixError(404, Codes.NOT_FOUND, "no such device")
+        return json_response(_device_json(requester.user_id, *found))
+
+    async def put_device(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        device_id = request.match_info["device_id"]
+        name = optional(body, "display_name", str)
+        if name is None:
+            if await store.get_device(requester.user_id, device_id) is None:
+                raise MatrixError(404, Codes.NOT_FOUND, "no such device")
+            return json_response({})
+        if len(name) > MAX_DISPLAY_NAME:
+            raise MatrixError(400, Codes.INVALID_PARAM, "display_name is too long")
+        if not await store.rename_device(requester.user_id, device_id, name):
+            raise MatrixError(404, Codes.NOT_FOUND, "no such device")
+        await keys.device_renamed(requester.user_id)
+        return json_response({})
+
+    async def delete_device(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        device_id = request.match_info["device_id"]
+        body = await read_json(request) if request.can_read_body else {}
+        if await store.get_device(requester.user_id, device_id) is None:
+            raise MatrixError(404, Codes.NOT_FOUND, "no such device")
+        await delete(requester.user_id, [device_id], optional(body, "auth", dict))
+        return json_response({})
+
+    async def delete_devices(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        device_ids = required(body, "devices", list)
+        if not all(isinstance(d, str) for d in device_ids):
+            raise MatrixError(400, Codes.INVALID_PARAM, "devices must be a list of device IDs")
+        await delete(requester.user_id, sorted(set(device_ids)), optional(body, "auth", dict))
+        return json_response({})
+
+    return [
+        Route("GET", "/devices", list_devices),
+        Route("GET", "/devices/{device_id}", get_device),
+        Route("PUT", "/devices/{device_id}", put_device),
+        Route("DELETE", "/devices/{device_id}", delete_device),
+        Route("POST", "/delete_devices", delete_devices),
+    ]
