@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from signedjson.key import generate_signing_key, get_verify_key
@@ -70,5 +71,6 @@ class CrossSigning:
         }
 
     def sign(self, key: SigningKey, obj: dict[str, Any]) -> dict[str, Any]:
+        """A signed deep copy (signedjson signs in place, sharing nested dicts)."""
         key.version = public(key)  # type: ignore[attr-defined]
-        return sign_json(obj, self.user_id, key)
+        return sign_json(copy.deepcopy(obj), self.user_id, key)
