@@ -166,17 +166,24 @@ async def test_changes_lists_users_sharing_a_room(homeserver: Homeserver) -> Non
     end = hs.process.keys.position()
     assert end > start
     changes = await hs.ok(
-        "GET", f"/keys/changes?from=s_0_0_0_0_dl{start}&to=s_0_0_0_0_dl{end}", token=alice.token
+        "GET", f"/keys/changes?from=s1_0_0_0_0_{start}&to=s1_0_0_0_0_{end}", token=alice.token
     )
     # carol shares no room with alice: not listed.
     assert changes == {"changed": [bob.user_id], "left": []}
     # Nothing changed between end and end.
-    changes = await hs.ok("GET", f"/keys/changes?from=x_dl{end}&to=x_dl{end}", token=alice.token)
+    changes = await hs.ok(
+        "GET", f"/keys/changes?from=s1_0_0_0_0_{end}&to=s1_0_0_0_0_{end}", token=alice.token
+    )
     assert changes == {"changed": [], "left": []}
-    status, body = await hs.call("GET", "/keys/changes?to=x_dl1", token=alice.token)
+    status, body = await hs.call("GET", "/keys/changes?to=s1_0_0_0_0_1", token=alice.token)
     assert (status, body["errcode"]) == (400, "M_MISSING_PARAM")
-    status, body = await hs.call("GET", "/keys/changes?from=x_dlz&to=x", token=alice.token)
+    status, body = await hs.call(
+        "GET", "/keys/changes?from=s1_0_0_0_0_z&to=s1_0_0_0_0_1", token=alice.token
+    )
     assert (status, body["errcode"]) == (400, "M_INVALID_PARAM")
+    # A token from before the stream's part: from the beginning, up to now.
+    changes = await hs.ok("GET", "/keys/changes?from=s1_0_0_0_0&to=s1_0_0_0_0", token=alice.token)
+    assert changes == {"changed": [bob.user_id], "left": []}
     # Bob leaves: with the events range, he is in `left` for alice.
     ordering_before = await _max_ordering(hs)
     await hs.ok("POST", f"/rooms/{room}/leave", {}, token=bob.token)

@@ -137,7 +137,12 @@ class ClientProcess:
                     self.store,
                     self.reader,
                     SyncHandler(
-                        self.reader, self.userdata, self.typing_state, self.notifier, self.store
+                        self.reader,
+                        self.userdata,
+                        self.typing_state,
+                        self.notifier,
+                        self.store,
+                        self.keys,
                     ),
                 ),
                 *sliding_sync_routes(

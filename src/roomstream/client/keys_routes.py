@@ -11,6 +11,7 @@ from aiohttp import web
 from roomstream.accounts import Accounts
 from roomstream.client.request import json_response, optional, read_json, required
 from roomstream.client.server import Route, authenticate
+from roomstream.client.sync import SyncToken
 from roomstream.e2e import E2eKeys
 from roomstream.errors import Codes, MatrixError
 
@@ -54,26 +55,14 @@ def _claim_wanted(body: dict[str, Any]) -> dict[str, dict[str, str]]:
     return wanted
 
 
-def _position(request: web.Request, name: str) -> int:
-    """A ``device_lists`` position from a sync token: its ``dl`` part (see
-    :func:`device_lists_position`); a token without one counts as 0."""
+def _device_lists_position(request: web.Request, name: str) -> int | None:
+    """The ``device_lists`` part of a sync token in the query (None: a token from before
+    that part existed)."""
     raw = request.query.get(name)
     if not raw:
         raise MatrixError(400, Codes.MISSING_PARAM, f"missing {name}")
-    return device_lists_position(raw)
-
-
-def device_lists_position(token: str) -> int:
-    """The ``device_lists`` position of a sync token: its last ``_``-separated part
-    when that part starts ``dl`` (``..._dl42``), else 0 (a token from before the stream:
-    every change since the beginning counts)."""
-    last = token.rsplit("_", 1)[-1]
-    if last.startswith("dl"):
-        digits = last[2:]
-        if digits.isascii() and digits.isdigit() and len(digits) <= 18:
-            return int(digits)
-        raise MatrixError(400, Codes.INVALID_PARAM, f"invalid token {token[:64]!r}")
-    return 0
+    token = SyncToken.parse(raw)
+    return token.device_lists if raw.count("_") == 5 else None
 
 
 def keys_routes(accounts: Accounts, keys: E2eKeys) -> list[Route]:
@@ -101,10 +90,12 @@ def keys_routes(accounts: Accounts, keys: E2eKeys) -> list[Route]:
 
     async def changes(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        since, upto = _position(request, "from"), _position(request, "to")
-        if "to" in request.query and not request.query["to"].rsplit("_", 1)[-1].startswith("dl"):
-            upto = keys.position()  # a token without the stream's part: up to now
-        changed, left = await keys.changed_since(requester.user_id, since, upto)
+        since = _device_lists_position(request, "from")
+        upto = _device_lists_position(request, "to")
+        # A token without the stream's part: from its beginning / up to now.
+        changed, left = await keys.changed_since(
+            requester.user_id, since or 0, keys.position() if upto is None else upto
+        )
         return json_response({"changed": sorted(changed), "left": sorted(left)})
 
     async def device_signing_upload(request: web.Request) -> web.Response:
