@@ -58,7 +58,9 @@ async def run_rounds(
             )
             got = [a["one_time_keys"].get(user, {}).get(device) for a in answers]
             gave_fallback = [g is not None and g == fallback_key for g in got]
-            one_time = [next(iter(g)) for g, fb in zip(got, gave_fallback) if g and not fb]
+            one_time = [
+                next(iter(g)) for g, fb in zip(got, gave_fallback, strict=True) if g and not fb
+            ]
             # No key twice, in this round or ever; only keys that were stored.
             assert len(one_time) == len(set(one_time))
             assert not set(one_time) & handed and set(one_time) <= stored
