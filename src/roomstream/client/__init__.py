@@ -23,6 +23,7 @@ from roomstream.accounts.service import EndSessions
 from roomstream.accounts.token_cache import TokenCache
 from roomstream.client.account_routes import account_routes
 from roomstream.client.admin_routes import admin_routes
+from roomstream.client.backup_routes import backup_routes
 from roomstream.client.device_routes import device_routes
 from roomstream.client.directory import DirectoryReader
 from roomstream.client.directory_routes import directory_routes
@@ -45,6 +46,7 @@ from roomstream.client.userdata_routes import userdata_routes
 from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
 from roomstream.config import Config
 from roomstream.e2e import E2eKeys
+from roomstream.e2e.backup import KeyBackup
 from roomstream.reading import RoomReader
 from roomstream.replication.http import InternalHttpClient
 from roomstream.rooms.engine import RoomEngine
@@ -165,6 +167,7 @@ class ClientProcess:
                 *openid_routes(self.accounts, self.openid),
                 *keys_routes(self.accounts, self.keys),
                 *device_routes(self.accounts, self.keys, self.userdata.drop_device_inbox),
+                *backup_routes(self.accounts, KeyBackup(engine.db)),
             ],
             self.client_ips,
         )
