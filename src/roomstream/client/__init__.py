@@ -47,8 +47,10 @@ from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
 from roomstream.config import Config
 from roomstream.e2e import E2eKeys
 from roomstream.e2e.backup import KeyBackup
+from roomstream.e2e.service import Forward
 from roomstream.reading import RoomReader
 from roomstream.replication.http import InternalHttpClient
+from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.engine import RoomEngine
 from roomstream.streams import InMemoryStream, StreamIdGenerator
 
@@ -118,14 +120,19 @@ class ClientProcess:
 
             self.typing = TypingWriter(self.typing_state, append_typing)
         self.user_data_writer = UserDataWriter(config, self.userdata, self.typing, http_client)
-        #: What this process does for writes other processes forward to it.
-        self.forwarded = ForwardedWrites(self.accounts, self.rooms, self.userdata, self.typing)
         #: Where each device was seen from (GET /admin/whois), and OpenID tokens.
         self.client_ips = ClientIps(engine.db)
         self.openid = OpenIdTokens(engine.db)
         #: Device keys, cross-signing and the device_lists stream.
         self.keys = E2eKeys(
-            engine.db, engine.streams.generator("device_lists"), self.accounts.require_password_auth
+            engine.db,
+            engine.streams.generator("device_lists"),
+            self.accounts.require_password_auth,
+            _e2e_forward(config, http_client),
+        )
+        #: What this process does for writes other processes forward to it.
+        self.forwarded = ForwardedWrites(
+            self.accounts, self.rooms, self.userdata, self.typing, self.keys
         )
         legacy = LegacyReads(self.reader, engine.store, self.store, self.userdata, self.notifier)
         self.api = ClientApi(
@@ -193,6 +200,22 @@ class ClientProcess:
         self.notifier.close()
         if self.typing is not None:
             self.typing.close()
+
+
+def _e2e_forward(config: Config, http_client: InternalHttpClient | None) -> Forward | None:
+    """How this process has the ``device_lists`` writer (the one the user hashes to)
+    carry out key writes that add a row to that stream; None when it writes it itself
+    (or has nobody to forward to)."""
+    writers = config.writers_of("device_lists")
+    if config.instance_name in writers or http_client is None:
+        return None
+    client = http_client
+
+    async def forward(op: str, args: dict[str, Any]) -> Any:
+        writer = writer_for_room(str(args["user_id"]), writers)
+        return await forwarded_call(writer, client.client_e2e_keys(writer, op, args))
+
+    return forward
 
 
 def _token_invalidation(

@@ -12,7 +12,7 @@ The server stores and hands out keys and never sees plaintext. Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -42,6 +42,8 @@ UNSTABLE_FALLBACK = "org.matrix.msc2732.fallback_keys"
 
 #: Checks ``auth`` as user-interactive auth with the user's password (raises if not).
 PasswordCheck = Callable[[str, "dict[str, Any] | None"], Any]
+#: Hands a write (operation, JSON arguments) to the ``device_lists`` writer; its result.
+Forward = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
 def _strip(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,10 +84,45 @@ class E2eKeys:
         database: Database,
         device_lists_writer: StreamIdGenerator,
         check_password: PasswordCheck,
+        forward: Forward | None = None,
     ) -> None:
+        """``forward``: how a process that does not write ``device_lists`` has the
+        writer carry out the writes that add a row (see :meth:`perform`); None: refused
+        with 400 there."""
         self.db = database
         self.stream = device_lists_writer
         self._check_password = check_password
+        self._forward = forward
+
+    def _forwards(self) -> bool:
+        return self._forward is not None and not self.stream.is_writer()
+
+    async def perform(self, op: str, args: dict[str, Any]) -> Any:
+        """Carry out a write another process forwarded (its ``op`` and JSON ``args``)."""
+        try:
+            if op == "upload":
+                return await self.upload(
+                    str(args["user_id"]),
+                    str(args["device_id"]),
+                    args.get("device_keys"),
+                    args.get("one_time_keys"),
+                    args.get("fallback_keys"),
+                )
+            if op == "device_deleted":
+                return await self.device_deleted(
+                    str(args["user_id"]), [str(d) for d in args["device_ids"]]
+                )
+            if op == "device_renamed":
+                return await self.device_renamed(str(args["user_id"]))
+            if op == "upload_cross_signing":
+                return await self.upload_cross_signing(
+                    str(args["user_id"]), dict(args["body"]), args.get("auth")
+                )
+            if op == "upload_signatures":
+                return await self.upload_signatures(str(args["user_id"]), dict(args["body"]))
+        except (KeyError, TypeError, ValueError):
+            raise MatrixError(400, Codes.BAD_JSON, f"bad arguments for {op}") from None
+        raise MatrixError(400, Codes.UNRECOGNIZED, f"unknown e2e keys operation {op[:40]!r}")
 
     # -- the device_lists stream -------------------------------------------------------
 
@@ -151,6 +188,11 @@ class E2eKeys:
         fallback_keys: Any,
     ) -> dict[str, int]:
         """``POST /keys/upload``; the device's one-time key counts after it."""
+        if device_keys is not None and self._forwards():
+            assert self._forward is not None
+            args = {"user_id": user_id, "device_id": device_id, "device_keys": device_keys}
+            args |= {"one_time_keys": one_time_keys, "fallback_keys": fallback_keys}
+            return dict(await self._forward("upload", args))
         keys = None if device_keys is None else check_device_keys(device_keys, user_id, device_id)
         otks = _key_rows(one_time_keys, "one_time_keys")
         fallbacks = _key_rows(fallback_keys, "fallback_keys")
@@ -238,6 +280,10 @@ class E2eKeys:
 
     async def device_deleted(self, user_id: str, device_ids: list[str]) -> None:
         """Forget the keys of deleted devices and tell the user's contacts."""
+        if self._forwards():
+            assert self._forward is not None
+            await self._forward("device_deleted", {"user_id": user_id, "device_ids": device_ids})
+            return
 
         def txn(t: Transaction) -> tuple[set[str], None]:
             for device_id in device_ids:
@@ -247,6 +293,10 @@ class E2eKeys:
         await self._write(txn)
 
     async def device_renamed(self, user_id: str) -> None:
+        if self._forwards():
+            assert self._forward is not None
+            await self._forward("device_renamed", {"user_id": user_id})
+            return
         await self._write(lambda t: ({user_id}, None))
 
     # -- cross-signing --------------------------------------------------------------------
@@ -256,6 +306,11 @@ class E2eKeys:
     ) -> None:
         """``POST /keys/device_signing/upload``. Replacing an existing master key needs the
         user's password (user-interactive auth); the first one does not (as Synapse)."""
+        if self._forwards():
+            assert self._forward is not None
+            args = {"user_id": user_id, "body": dict(body), "auth": auth}
+            await self._forward("upload_cross_signing", args)
+            return
         uploaded = {k: body[k] for k in CROSS_SIGNING_USAGES if body.get(k) is not None}
         current = await self.db.run_interaction(xs.cross_signing_keys_txn, user_id)
         master = uploaded.get("master_key")
@@ -286,6 +341,10 @@ class E2eKeys:
         """``POST /keys/signatures/upload``: each signature by ``requester`` is checked
         against the signing key it names; the ones that fail are reported per key in
         ``failures`` and not stored."""
+        if self._forwards():
+            assert self._forward is not None
+            args = {"user_id": requester, "body": dict(body)}
+            return dict(await self._forward("upload_signatures", args))
         failures: dict[str, dict[str, dict[str, str]]] = {}
 
         def fail(user: str, key_id: str, errcode: str, error: str) -> None:
