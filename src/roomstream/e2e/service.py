@@ -72,7 +72,10 @@ def _merge_signatures(
 ) -> dict[str, Any]:
     if not extra:
         return obj
-    signatures = {u: dict(s) for u, s in (obj.get("signatures") or {}).items()}
+    own = obj.get("signatures")
+    signatures = {
+        u: dict(s) for u, s in (own.items() if isinstance(own, dict) else ()) if isinstance(s, dict)
+    }
     for user, by_key in extra.items():
         signatures.setdefault(user, {}).update(by_key)
     return {**obj, "signatures": signatures}
@@ -376,7 +379,10 @@ class E2eKeys:
                     if not isinstance(signed, dict) or _strip(signed) != _strip(stored):
                         fail(user_id, target, "M_INVALID_SIGNATURE", "key does not match")
                         continue
-                    mine = (signed.get("signatures") or {}).get(requester)
+                    all_signatures = signed.get("signatures")
+                    mine = (
+                        all_signatures.get(requester) if isinstance(all_signatures, dict) else None
+                    )
                     if not isinstance(mine, dict) or not mine:
                         fail(user_id, target, "M_INVALID_SIGNATURE", "no signature")
                         continue
