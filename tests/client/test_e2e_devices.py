@@ -35,12 +35,18 @@ async def test_list_get_rename(homeserver: Homeserver) -> None:
     hs = homeserver
     alice = await hs.register("alice")
     phone = await login(hs, "alice", "PHONE", "Alice's phone")
+    await hs.ok("GET", "/account/whoami", token=alice.token)  # seen: PHONE not yet
     devices = (await hs.ok("GET", "/devices", token=alice.token))["devices"]
     assert {d["device_id"]: d["display_name"] for d in devices} == {
         alice.device_id: None,
         "PHONE": "Alice's phone",
     }
     assert all(d["user_id"] == alice.user_id for d in devices)
+    # Where each device was last seen (this process's own requests count at once).
+    by_id = {d["device_id"]: d for d in devices}
+    assert by_id[alice.device_id]["last_seen_ip"] == "127.0.0.1"
+    assert isinstance(by_id[alice.device_id]["last_seen_ts"], int)
+    assert by_id["PHONE"]["last_seen_ip"] is None and by_id["PHONE"]["last_seen_ts"] is None
     got = await hs.ok("GET", "/devices/PHONE", token=phone)
     assert got["display_name"] == "Alice's phone"
     before = hs.process.keys.position()

@@ -173,7 +173,9 @@ class ClientProcess:
                 *admin_routes(self.accounts, self.client_ips),
                 *openid_routes(self.accounts, self.openid),
                 *keys_routes(self.accounts, self.keys),
-                *device_routes(self.accounts, self.keys, self.userdata.drop_device_inbox),
+                *device_routes(
+                    self.accounts, self.keys, self.userdata.drop_device_inbox, self.client_ips
+                ),
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
             ],
             self.client_ips,

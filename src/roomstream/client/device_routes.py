@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from roomstream.accounts import Accounts
+from roomstream.accounts.client_ips import ClientIps, Connection
 from roomstream.client.request import json_response, optional, read_json, required
 from roomstream.client.server import Route, authenticate
 from roomstream.e2e import E2eKeys
@@ -24,12 +25,24 @@ MAX_DISPLAY_NAME = 1000
 DropInbox = Callable[[str, str], Awaitable[None]]
 
 
-def _device_json(user_id: str, device_id: str, name: str | None) -> dict[str, Any]:
-    # last_seen_ip / last_seen_ts are optional in the spec; GET /admin/whois has them.
-    return {"user_id": user_id, "device_id": device_id, "display_name": name}
+def _device_json(
+    user_id: str, device_id: str, name: str | None, seen: list[Connection]
+) -> dict[str, Any]:
+    # The last_seen fields are optional in the spec but always present (null when never
+    # seen) as Synapse sends them: clients such as matrix-nio require them.
+    last = seen[0] if seen else None
+    return {
+        "user_id": user_id,
+        "device_id": device_id,
+        "display_name": name,
+        "last_seen_ip": None if last is None else last.ip,
+        "last_seen_ts": None if last is None else last.last_seen,
+    }
 
 
-def device_routes(accounts: Accounts, keys: E2eKeys, drop_inbox: DropInbox) -> list[Route]:
+def device_routes(
+    accounts: Accounts, keys: E2eKeys, drop_inbox: DropInbox, client_ips: ClientIps
+) -> list[Route]:
     store = accounts.store
 
     async def delete(user_id: str, device_ids: list[str], auth: dict[str, Any] | None) -> None:
@@ -42,8 +55,13 @@ def device_routes(accounts: Accounts, keys: E2eKeys, drop_inbox: DropInbox) -> l
     async def list_devices(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         devices = await store.get_devices(requester.user_id)
+        seen = await client_ips.connections(requester.user_id)
         return json_response(
-            {"devices": [_device_json(requester.user_id, d, n) for d, n in devices]}
+            {
+                "devices": [
+                    _device_json(requester.user_id, d, n, seen.get(d, [])) for d, n in devices
+                ]
+            }
         )
 
     async def get_device(request: web.Request) -> web.Response:
@@ -51,7 +69,11 @@ def device_routes(accounts: Accounts, keys: E2eKeys, drop_inbox: DropInbox) -> l
         found = await store.get_device(requester.user_id, request.match_info["device_id"])
         if found is None:
             raise MatrixError(404, Codes.NOT_FOUND, "no such device")
-        return json_response(_device_json(requester.user_id, *found))
+        seen = await client_ips.connections(requester.user_id)
+        device_id, name = found
+        return json_response(
+            _device_json(requester.user_id, device_id, name, seen.get(device_id, []))
+        )
 
     async def put_device(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
