@@ -154,3 +154,40 @@ async def test_delete_devices_in_bulk(homeserver: Homeserver) -> None:
         assert status == 401
     devices = (await hs.ok("GET", "/devices", token=alice.token))["devices"]
     assert [d["device_id"] for d in devices] == [alice.device_id]
+
+
+async def test_logout_forgets_the_device_keys_and_tells_contacts(homeserver: Homeserver) -> None:
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    for token, device_id in ((alice.token, alice.device_id),):
+        device = Device(alice.user_id, device_id)
+        await hs.ok(
+            "POST",
+            "/keys/upload",
+            {"device_keys": device.device_keys(), "one_time_keys": device.one_time_keys(["1"])},
+            token=token,
+        )
+    phone = await login(hs, "alice", "PHONE", "phone")
+    await hs.ok(
+        "POST",
+        "/keys/upload",
+        {"device_keys": Device(alice.user_id, "PHONE").device_keys()},
+        token=phone,
+    )
+    before = hs.process.keys.position()
+    await hs.ok("POST", "/logout", {}, token=alice.token)
+    assert hs.process.keys.position() > before
+    ask = {"one_time_keys": {alice.user_id: {alice.device_id: "signed_curve25519"}}}
+    assert (await hs.ok("POST", "/keys/claim", ask, token=bob.token))["one_time_keys"] == {}
+    keys = await hs.ok("POST", "/keys/query", {"device_keys": {alice.user_id: []}}, token=bob.token)
+    assert list(keys["device_keys"][alice.user_id]) == ["PHONE"]
+    await hs.ok("POST", "/logout/all", {}, token=phone)
+    keys = await hs.ok("POST", "/keys/query", {"device_keys": {alice.user_id: []}}, token=bob.token)
+    assert keys["device_keys"][alice.user_id] == {}
+    rows = await hs.engine.db.run_interaction(
+        lambda t: t.query_one(
+            "SELECT COUNT(*) FROM e2e_device_keys WHERE user_id = ?", (alice.user_id,)
+        )
+    )
+    assert int(rows[0]) == 0

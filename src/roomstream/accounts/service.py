@@ -113,6 +113,10 @@ class Accounts:
         self.token_cache = token_cache
         self._caches_writer = caches_writer
         self._forward_end_sessions = forward_end_sessions
+        #: Called with (user, deleted device IDs) after devices were deleted on this
+        #: process (not on a process that forwarded the deletion): their keys and
+        #: to-device queues go too (roomstream.client composes this).
+        self.devices_deleted_listeners: list[Callable[[str, list[str]], Awaitable[None]]] = []
 
     # -- user IDs ----------------------------------------------------------------------
 
@@ -298,8 +302,20 @@ class Accounts:
         await self.end_sessions(requester.user_id, None)
 
     async def end_sessions(self, user_id: str, device_id: str | None) -> None:
-        """Delete one device of ``user_id`` (None: all of them) with its tokens, and end
-        the tokens in every process's token cache (see the constructor)."""
+        """Delete one device of ``user_id`` (None: all of them) with its tokens, end the
+        tokens in every process's token cache (see the constructor), and tell
+        :attr:`devices_deleted_listeners` where the deletion happens."""
+        forwarded = self.token_cache is not None and self._caches_writer is None
+        if forwarded or device_id is not None:
+            devices = [] if forwarded or device_id is None else [device_id]
+        else:
+            devices = [d for d, _ in await self.store.get_devices(user_id)]
+        await self._end_sessions(user_id, device_id)
+        for listener in self.devices_deleted_listeners:
+            if devices:
+                await listener(user_id, devices)
+
+    async def _end_sessions(self, user_id: str, device_id: str | None) -> None:
         cache = self.token_cache
         if cache is None:
             await self._delete_sessions(user_id, device_id, None)

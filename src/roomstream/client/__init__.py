@@ -130,6 +130,15 @@ class ClientProcess:
             self.accounts.require_password_auth,
             _e2e_forward(config, http_client),
         )
+        keys, userdata = self.keys, self.userdata
+
+        async def forget_devices(user_id: str, device_ids: list[str]) -> None:
+            # A deleted (logged-out) device's to-device queue and keys go with it.
+            for device_id in device_ids:
+                await userdata.drop_device_inbox(user_id, device_id)
+            await keys.device_deleted(user_id, device_ids)
+
+        self.accounts.devices_deleted_listeners.append(forget_devices)
         #: What this process does for writes other processes forward to it.
         self.forwarded = ForwardedWrites(
             self.accounts, self.rooms, self.userdata, self.typing, self.keys
@@ -173,9 +182,7 @@ class ClientProcess:
                 *admin_routes(self.accounts, self.client_ips),
                 *openid_routes(self.accounts, self.openid),
                 *keys_routes(self.accounts, self.keys),
-                *device_routes(
-                    self.accounts, self.keys, self.userdata.drop_device_inbox, self.client_ips
-                ),
+                *device_routes(self.accounts, self.keys, self.client_ips),
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
             ],
             self.client_ips,

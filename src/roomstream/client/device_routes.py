@@ -1,10 +1,10 @@
 """Handlers for device management: ``/devices``, ``/devices/{deviceId}``,
 ``/delete_devices``. Deleting a device ends its sessions (tokens), forgets its keys and
-drops its to-device queue; it needs the user's password (user-interactive auth)."""
+drops its to-device queue (as every logout does); it needs the user's password
+(user-interactive auth)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -20,9 +20,6 @@ __all__ = ["device_routes"]
 
 #: Longest device display name accepted.
 MAX_DISPLAY_NAME = 1000
-
-#: Drops the to-device queue of (user, device).
-DropInbox = Callable[[str, str], Awaitable[None]]
 
 
 def _device_json(
@@ -40,17 +37,14 @@ def _device_json(
     }
 
 
-def device_routes(
-    accounts: Accounts, keys: E2eKeys, drop_inbox: DropInbox, client_ips: ClientIps
-) -> list[Route]:
+def device_routes(accounts: Accounts, keys: E2eKeys, client_ips: ClientIps) -> list[Route]:
     store = accounts.store
 
     async def delete(user_id: str, device_ids: list[str], auth: dict[str, Any] | None) -> None:
         await accounts.require_password_auth(user_id, auth)
+        # Keys and to-device queues go through Accounts.devices_deleted_listeners.
         for device_id in device_ids:
             await accounts.end_sessions(user_id, device_id)
-            await drop_inbox(user_id, device_id)
-        await keys.device_deleted(user_id, device_ids)
 
     async def list_devices(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
