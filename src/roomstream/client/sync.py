@@ -405,13 +405,11 @@ class SyncHandler:
             changed, _ = await self.keys.changed_since(
                 requester.user_id, since.device_lists, device_lists_token
             )
-        user_id, device_id = requester.user_id, requester.device_id
+        counts, fallbacks = await self.keys.key_status(requester.user_id, requester.device_id)
         return {
             "device_lists": {"changed": sorted(changed), "left": []},
-            "device_one_time_keys_count": await self.keys.one_time_key_counts(user_id, device_id),
-            "device_unused_fallback_key_types": await self.keys.unused_fallback_key_types(
-                user_id, device_id
-            ),
+            "device_one_time_keys_count": counts,
+            "device_unused_fallback_key_types": fallbacks,
         }
 
     async def _invites(

@@ -231,6 +231,18 @@ class E2eKeys:
         counts = await self.db.run_interaction(dk.one_time_key_counts_txn, user_id, device_id)
         return {"signed_curve25519": 0, **counts}
 
+    async def key_status(self, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
+        """(one-time key counts, unused fallback key types) of a device, in one
+        transaction (what every /sync sends)."""
+
+        def txn(t: Transaction) -> tuple[dict[str, int], list[str]]:
+            counts = dk.one_time_key_counts_txn(t, user_id, device_id)
+            return {"signed_curve25519": 0, **counts}, dk.unused_fallback_key_types_txn(
+                t, user_id, device_id
+            )
+
+        return await self.db.run_interaction(txn)
+
     async def unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
         return await self.db.run_interaction(dk.unused_fallback_key_types_txn, user_id, device_id)
 

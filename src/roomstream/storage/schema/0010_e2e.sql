@@ -9,7 +9,7 @@ CREATE TABLE device_lists_stream (
     user_id TEXT NOT NULL
 );
 CREATE INDEX device_lists_stream_idx ON device_lists_stream (instance_name, stream_id);
-CREATE INDEX device_lists_stream_user ON device_lists_stream (user_id, stream_id);
+CREATE INDEX device_lists_stream_id ON device_lists_stream (stream_id);
 
 -- A device's identity keys as uploaded (signed by the device); written once per device.
 CREATE TABLE e2e_device_keys (
