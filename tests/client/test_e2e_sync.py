@@ -4,6 +4,8 @@ its own part of the sync token), on both engines."""
 
 from __future__ import annotations
 
+import asyncio
+
 from tests.client.conftest import Homeserver
 from tests.client.e2e_keys_helpers import Device
 
@@ -51,8 +53,6 @@ async def test_own_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
     hs = homeserver
     alice = await hs.register("alice")
     since = (await hs.ok("GET", "/sync", token=alice.token))["next_batch"]
-    import asyncio
-
     poll = asyncio.create_task(
         hs.ok("GET", f"/sync?since={since}&timeout=60000", token=alice.token)
     )
