@@ -188,7 +188,7 @@ SEGMENT = st.text(min_size=1, max_size=30).map(lambda s: quote(s, safe=""))
 
 
 #: The forwarded Client-Server API writes (``/client/...``).
-CLIENT_WRITES = ("create_room", "account_data", "receipt", "to_device", "typing")
+CLIENT_WRITES = ("create_room", "account_data", "receipt", "to_device", "typing", "e2e_keys")
 CREATE_ROOM_KEYS = (
     "preset",
     "visibility",

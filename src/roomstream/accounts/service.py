@@ -42,6 +42,8 @@ REGISTRATION_FLOWS = [{"stages": ["m.login.dummy"]}]
 #: user-interactive-auth sessions for 48 hours).
 REGISTRATION_SESSION_LIFETIME_MS = 48 * 3600 * 1000
 MAX_SESSION_LENGTH = 255
+#: The flow offered for sensitive actions of a logged-in user.
+PASSWORD_FLOWS = [{"stages": ["m.login.password"]}]
 
 USER_IN_USE = "M_USER_IN_USE"
 INVALID_USERNAME = "M_INVALID_USERNAME"
@@ -116,6 +118,10 @@ class Accounts:
         self.token_cache = token_cache
         self._caches_writer = caches_writer
         self._forward_end_sessions = forward_end_sessions
+        #: Called with (user, deleted device IDs) after devices were deleted on this
+        #: process (not on a process that forwarded the deletion): their keys and
+        #: to-device queues go too (roomstream.client composes this).
+        self.devices_deleted_listeners: list[Callable[[str, list[str]], Awaitable[None]]] = []
 
     # -- user IDs ----------------------------------------------------------------------
 
@@ -296,6 +302,36 @@ class Accounts:
         await self.store.login_device(user_id, device_id, display_name, token_hash(token))
         return LoginResult(user_id, device_id, token)
 
+    async def require_password_auth(self, user_id: str, auth: dict[str, Any] | None) -> None:
+        """User-interactive auth with one ``m.login.password`` stage for a sensitive action
+        of ``user_id`` (deleting devices, replacing cross-signing keys): 401 with the flow
+        until ``auth`` holds this user's password; a wrong password is 403 M_FORBIDDEN."""
+        if not isinstance(auth, dict) or auth.get("type") != "m.login.password":
+            session = auth.get("session") if isinstance(auth, dict) else None
+            if not isinstance(session, str) or not session:
+                session = secrets.token_urlsafe(18)
+            raise UserInteractiveAuthRequired(session, PASSWORD_FLOWS)
+        identifier = auth.get("identifier")
+        named = identifier.get("user") if isinstance(identifier, dict) else auth.get("user")
+        password = auth.get("password")
+        if not isinstance(password, str) or (
+            named is not None and (not isinstance(named, str) or self._names(named) != user_id)
+        ):
+            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+        record = await self.store.get_user(user_id)
+        if (
+            record is None
+            or record.password_hash is None
+            or not await verify_password(record.password_hash, password)
+        ):
+            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+
+    def _names(self, user: str) -> str | None:
+        try:
+            return self.local_user_id(user)
+        except MatrixError:
+            return None
+
     async def authenticate(self, access_token: str | None) -> Requester:
         """The owner of a token: M_MISSING_TOKEN / M_UNKNOWN_TOKEN (401) otherwise."""
         if not access_token:
@@ -322,8 +358,20 @@ class Accounts:
         await self.end_sessions(requester.user_id, None)
 
     async def end_sessions(self, user_id: str, device_id: str | None) -> None:
-        """Delete one device of ``user_id`` (None: all of them) with its tokens, and end
-        the tokens in every process's token cache (see the constructor)."""
+        """Delete one device of ``user_id`` (None: all of them) with its tokens, end the
+        tokens in every process's token cache (see the constructor), and tell
+        :attr:`devices_deleted_listeners` where the deletion happens."""
+        forwarded = self.token_cache is not None and self._caches_writer is None
+        if forwarded or device_id is not None:
+            devices = [] if forwarded or device_id is None else [device_id]
+        else:
+            devices = [d for d, _ in await self.store.get_devices(user_id)]
+        await self._end_sessions(user_id, device_id)
+        for listener in self.devices_deleted_listeners:
+            if devices:
+                await listener(user_id, devices)
+
+    async def _end_sessions(self, user_id: str, device_id: str | None) -> None:
         cache = self.token_cache
         if cache is None:
             await self._delete_sessions(user_id, device_id, None)

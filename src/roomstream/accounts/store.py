@@ -179,3 +179,24 @@ class AccountStore:
             )
         )
         return [(r[0], r[1]) for r in rows]
+
+    async def get_device(self, user_id: str, device_id: str) -> tuple[str, str | None] | None:
+        row = await self.db.run_interaction(
+            lambda t: t.query_one(
+                "SELECT device_id, display_name FROM devices WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
+            )
+        )
+        return None if row is None else (row[0], row[1])
+
+    async def rename_device(self, user_id: str, device_id: str, display_name: str) -> bool:
+        """Set a device's display name; False if the user has no such device."""
+
+        def txn(t: Transaction) -> bool:
+            t.execute(
+                "UPDATE devices SET display_name = ? WHERE user_id = ? AND device_id = ?",
+                (display_name, user_id, device_id),
+            )
+            return t.rowcount > 0
+
+        return await self.db.run_interaction(txn)

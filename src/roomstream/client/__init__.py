@@ -23,10 +23,13 @@ from roomstream.accounts.service import EndSessions
 from roomstream.accounts.token_cache import TokenCache
 from roomstream.client.account_routes import account_routes
 from roomstream.client.admin_routes import admin_routes
+from roomstream.client.backup_routes import backup_routes
+from roomstream.client.device_routes import device_routes
 from roomstream.client.directory import DirectoryReader
 from roomstream.client.directory_routes import directory_routes
 from roomstream.client.forwarded import ForwardedWrites
 from roomstream.client.ignored import IGNORED_USER_LIST, IgnoredUsers
+from roomstream.client.keys_routes import keys_routes
 from roomstream.client.legacy import LegacyReads
 from roomstream.client.legacy_routes import legacy_routes
 from roomstream.client.notifier import Notifier
@@ -43,8 +46,12 @@ from roomstream.client.userdata import UserData
 from roomstream.client.userdata_routes import userdata_routes
 from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
 from roomstream.config import Config
+from roomstream.e2e import E2eKeys
+from roomstream.e2e.backup import KeyBackup
+from roomstream.e2e.service import Forward
 from roomstream.reading import RoomReader
 from roomstream.replication.http import InternalHttpClient
+from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.engine import RoomEngine
 from roomstream.streams import InMemoryStream, StreamIdGenerator
 
@@ -140,11 +147,29 @@ class ClientProcess:
 
         # This process's own account-data rows (writes forwarded here included).
         self.notifier.local_row_listeners.append(forget_ignored)
-        #: What this process does for writes other processes forward to it.
-        self.forwarded = ForwardedWrites(self.accounts, self.rooms, self.userdata, self.typing)
         #: Where each device was seen from (GET /admin/whois), and OpenID tokens.
         self.client_ips = ClientIps(engine.db)
         self.openid = OpenIdTokens(engine.db)
+        #: Device keys, cross-signing and the device_lists stream.
+        self.keys = E2eKeys(
+            engine.db,
+            engine.streams.generator("device_lists"),
+            self.accounts.require_password_auth,
+            _e2e_forward(config, http_client),
+        )
+        keys, userdata = self.keys, self.userdata
+
+        async def forget_devices(user_id: str, device_ids: list[str]) -> None:
+            # A deleted (logged-out) device's to-device queue and keys go with it.
+            for device_id in device_ids:
+                await userdata.drop_device_inbox(user_id, device_id)
+            await keys.device_deleted(user_id, device_ids)
+
+        self.accounts.devices_deleted_listeners.append(forget_devices)
+        #: What this process does for writes other processes forward to it.
+        self.forwarded = ForwardedWrites(
+            self.accounts, self.rooms, self.userdata, self.typing, self.keys
+        )
         legacy = LegacyReads(self.reader, engine.store, self.store, self.userdata, self.notifier)
         self.api = ClientApi(
             self.accounts,
@@ -162,7 +187,8 @@ class ClientProcess:
                         self.typing_state,
                         self.notifier,
                         self.store,
-                        self.ignored,
+                        ignored=self.ignored,
+                        keys=self.keys,
                     ),
                     self.ignored,
                 ),
@@ -184,6 +210,9 @@ class ClientProcess:
                 *legacy_routes(self.accounts, self.rooms, self.reader, legacy),
                 *admin_routes(self.accounts, self.client_ips),
                 *openid_routes(self.accounts, self.openid),
+                *keys_routes(self.accounts, self.keys),
+                *device_routes(self.accounts, self.keys, self.client_ips),
+                *backup_routes(self.accounts, KeyBackup(engine.db)),
             ],
             self.client_ips,
         )
@@ -211,6 +240,22 @@ class ClientProcess:
         self.notifier.close()
         if self.typing is not None:
             self.typing.close()
+
+
+def _e2e_forward(config: Config, http_client: InternalHttpClient | None) -> Forward | None:
+    """How this process has the ``device_lists`` writer (the one the user hashes to)
+    carry out key writes that add a row to that stream; None when it writes it itself
+    (or has nobody to forward to)."""
+    writers = config.writers_of("device_lists")
+    if config.instance_name in writers or http_client is None:
+        return None
+    client = http_client
+
+    async def forward(op: str, args: dict[str, Any]) -> Any:
+        writer = writer_for_room(str(args["user_id"]), writers)
+        return await forwarded_call(writer, client.client_e2e_keys(writer, op, args))
+
+    return forward
 
 
 def _token_invalidation(

@@ -15,7 +15,7 @@ from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VER
 __all__ = ["SUPPORTED_VERSIONS", "account_routes"]
 
 #: Spec versions whose endpoints roomstream serves, bar the parts docs/client_api.md lists
-#: as deliberately absent (federation, end-to-end-encryption keys, media).
+#: as deliberately absent (federation, media).
 SUPPORTED_VERSIONS = ["r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6"]
 
 

@@ -12,6 +12,7 @@ from roomstream.accounts import Accounts, Requester
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.typing import TypingWriter
 from roomstream.client.userdata import ToDeviceTransaction, UserData
+from roomstream.e2e import E2eKeys
 from roomstream.errors import ServiceUnavailableError
 
 __all__ = ["ForwardedWrites"]
@@ -27,7 +28,9 @@ class ForwardedWrites:
         rooms: RoomService,
         data: UserData,
         typing: TypingWriter | None,
+        keys: E2eKeys | None = None,
     ) -> None:
+        self.keys = keys
         self.accounts = accounts
         self.rooms = rooms
         self.data = data
@@ -77,3 +80,8 @@ class ForwardedWrites:
         if self.typing is None:
             raise ServiceUnavailableError("this process has no typing writer running")
         self.typing.set_typing(room_id, user_id, typing, timeout_ms)
+
+    async def e2e_keys(self, op: str, args: dict[str, Any]) -> Any:
+        if self.keys is None:
+            raise ServiceUnavailableError("this process serves no end-to-end keys")
+        return await self.keys.perform(op, args)

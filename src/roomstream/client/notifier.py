@@ -28,7 +28,7 @@ __all__ = ["Notifier", "Waiter", "keys_for_row"]
 logger = logging.getLogger(__name__)
 
 #: Streams whose rows may wake a sync (backfill and caches never do).
-WAKING_STREAMS = ("events", "account_data", "receipts", "to_device", "typing")
+WAKING_STREAMS = ("events", "account_data", "receipts", "to_device", "typing", "device_lists")
 
 
 def keys_for_row(stream_name: str, row: Sequence[Any]) -> list[str]:
@@ -42,7 +42,9 @@ def keys_for_row(stream_name: str, row: Sequence[Any]) -> list[str]:
                     keys.append("u" + str(data[3]))
                 return keys
             return ["r" + str(data[0])]
-        if stream_name == "account_data":
+        if stream_name in ("account_data", "device_lists"):
+            # device_lists: the user's own syncs only (others see the change at their
+            # next wake; waking every user sharing a room needs the rooms' members).
             return ["u" + str(row[0])]
         if stream_name in ("receipts", "typing"):
             return ["r" + str(row[0])]

@@ -2,9 +2,10 @@
 the rest from the per-user streams, all behind one opaque token, long-polled through the
 :class:`~roomstream.client.notifier.Notifier`.
 
-The token is ``<events>_<account_data>_<receipts>_<to_device>_<typing>``: the read
-path's events token (per-writer positions; it never contains ``_``) and a position of each
-other stream. Every sub-object of the response is present even when empty.
+The token is ``<events>_<account_data>_<receipts>_<to_device>_<typing>_<device_lists>``:
+the read path's events token (per-writer positions; it never contains ``_``) and a
+position of each other stream (a token from before the ``device_lists`` part was added
+parses with 0 there). Every sub-object of the response is present even when empty.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from roomstream.client.store import ClientStore
 from roomstream.client.typing import TypingState
 from roomstream.client.unread import UnreadCounter
 from roomstream.client.userdata import UserData
+from roomstream.e2e import E2eKeys
 from roomstream.errors import Codes, MatrixError
 from roomstream.events.redaction import redact
 from roomstream.reading import EventsToken, RoomReader, RoomTimeline
@@ -42,6 +44,7 @@ class SyncToken:
     receipts: int
     to_device: int
     typing: int
+    device_lists: int = 0
 
     def to_string(self) -> str:
         return "_".join(
@@ -51,13 +54,14 @@ class SyncToken:
                 str(self.receipts),
                 str(self.to_device),
                 str(self.typing),
+                str(self.device_lists),
             ]
         )
 
     @classmethod
     def parse(cls, text: str) -> SyncToken:
         parts = text.split("_")
-        if len(parts) != 5 or not all(_TAIL.fullmatch(p) for p in parts[1:]):
+        if len(parts) not in (5, 6) or not all(_TAIL.fullmatch(p) for p in parts[1:]):
             raise MatrixError(400, Codes.INVALID_PARAM, f"invalid sync token {text[:64]!r}")
         return cls(EventsToken.parse(parts[0]), *(int(p) for p in parts[1:]))
 
@@ -139,10 +143,12 @@ class SyncHandler:
         notifier: Notifier,
         store: ClientStore,
         ignored: IgnoredUsers | None = None,
+        keys: E2eKeys | None = None,
     ) -> None:
         self.reader = reader
         #: Whom each user ignores (None: nobody ignores anyone).
         self.ignored = ignored
+        self.keys = keys
         self.userdata = userdata
         self.typing = typing
         self.notifier = notifier
@@ -252,6 +258,7 @@ class SyncHandler:
             name: self.userdata.position(name) for name in ("account_data", "receipts", "to_device")
         }
         typing_token = self.typing.token
+        device_lists_token = 0 if self.keys is None else self.keys.position()
         result = await self.reader.sync(
             user_id,
             None if since is None else since.events,
@@ -376,7 +383,9 @@ class SyncHandler:
             positions["receipts"],
             to_device_end,
             typing_token,
+            device_lists_token,
         )
+        e2e = await self._e2e(requester, since, device_lists_token)
         account_events = _account_events(global_data, only.account_data)
         body = {
             "next_batch": next_batch.to_string(),
@@ -384,11 +393,35 @@ class SyncHandler:
             "account_data": _events(account_events),
             "to_device": _events(to_device),
             "presence": _events([]),
-            "device_lists": {"changed": [], "left": []},
-            "device_one_time_keys_count": {},
+            **e2e,
         }
-        empty = not (join or invite or leave or account_events or to_device)
+        changed = e2e["device_lists"]["changed"]
+        empty = not (join or invite or leave or account_events or to_device or changed)
         return body, empty
+
+    async def _e2e(
+        self, requester: Requester, since: SyncToken | None, device_lists_token: int
+    ) -> dict[str, Any]:
+        """``device_lists`` (users sharing a room whose devices changed since the token;
+        ``left`` is filled by the lead's sync sections, see E2eKeys.changed_since), and the
+        syncing device's one-time key counts and unused fallback key types."""
+        if self.keys is None:
+            return {
+                "device_lists": {"changed": [], "left": []},
+                "device_one_time_keys_count": {},
+                "device_unused_fallback_key_types": [],
+            }
+        changed: set[str] = set()
+        if since is not None and device_lists_token > since.device_lists:
+            changed, _ = await self.keys.changed_since(
+                requester.user_id, since.device_lists, device_lists_token
+            )
+        counts, fallbacks = await self.keys.key_status(requester.user_id, requester.device_id)
+        return {
+            "device_lists": {"changed": sorted(changed), "left": []},
+            "device_one_time_keys_count": counts,
+            "device_unused_fallback_key_types": fallbacks,
+        }
 
     async def _invites(
         self,

@@ -123,6 +123,16 @@ class UserData:
             per_room.setdefault(room_id, {})[data_type] = orjson.loads(content)
         return {r[0]: orjson.loads(r[1]) for r in global_rows}, per_room
 
+    async def drop_device_inbox(self, user_id: str, device_id: str) -> None:
+        """Forget every message queued for a deleted device (any process may: the rows
+        only leave the table, the stream's facts stay)."""
+        await self.db.run_interaction(
+            lambda t: t.execute(
+                "DELETE FROM device_inbox WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
+            )
+        )
+
     # -- receipts ----------------------------------------------------------------------
 
     async def put_receipt(

@@ -207,6 +207,8 @@ class ClientWrites(Protocol):
         self, room_id: str, user_id: str, typing: bool, timeout_ms: int
     ) -> None: ...
 
+    async def e2e_keys(self, op: str, args: dict[str, Any]) -> Any: ...
+
 
 class InternalHttpServer(HttpListener):
     """Serves the routes above for one instance, on its ``internal_port``, to callers
@@ -261,6 +263,7 @@ class InternalHttpServer(HttpListener):
         self.app.router.add_post(forwarded + "/receipt", self._client_receipt)
         self.app.router.add_post(forwarded + "/to_device", self._client_to_device)
         self.app.router.add_post(forwarded + "/typing", self._client_typing)
+        self.app.router.add_post(forwarded + "/e2e_keys", self._client_e2e_keys)
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Listen on the instance's host and ``internal_port`` (or those given)."""
@@ -459,6 +462,14 @@ class InternalHttpServer(HttpListener):
             timeout,
         )
         return json_response({})
+
+    async def _client_e2e_keys(self, request: web.Request) -> web.Response:
+        """An end-to-end-keys write that writes a ``device_lists`` row (its arguments
+        are checked by :meth:`roomstream.e2e.E2eKeys.perform`)."""
+        writes = self._writes_for("device_lists")
+        body = await read_json(request)
+        result = await writes.e2e_keys(_identifier_field(body, "op"), _field(body, "args", dict))
+        return web.json_response({"result": result})
 
 
 class InternalHttpClient:
@@ -677,6 +688,12 @@ class InternalHttpClient:
     ) -> None:
         body = {"room_id": room_id, "user_id": user_id, "typing": typing, "timeout": timeout_ms}
         await self._call(instance_name, "POST", "/client/typing", body=body)
+
+    async def client_e2e_keys(self, instance_name: str, op: str, args: dict[str, Any]) -> Any:
+        answer = await self._call(
+            instance_name, "POST", "/client/e2e_keys", body={"op": op, "args": args}
+        )
+        return answer["result"] if isinstance(answer, dict) else None
 
     async def get_updates(
         self, instance_name: str, stream_name: str, from_token: int, upto_token: int, limit: int

@@ -178,6 +178,17 @@ TO_DEVICE = StreamDefinition(
     ),
 )
 
+DEVICE_LISTS = StreamDefinition(
+    name="device_lists",
+    row_fields=("user_id",),
+    sequence="device_lists_sequence",
+    description=(
+        "Users whose devices or keys changed (device added, deleted or renamed; device "
+        "keys or cross-signing keys uploaded; signatures added)."
+    ),
+    tables=(StreamTable(StreamTableRef("device_lists_stream"), ("user_id",), tuple),),
+)
+
 TYPING = StreamDefinition(
     name="typing",
     row_fields=("room_id", "user_ids"),
@@ -186,7 +197,8 @@ TYPING = StreamDefinition(
 )
 
 STREAMS: dict[str, StreamDefinition] = {
-    s.name: s for s in (EVENTS, BACKFILL, CACHES, ACCOUNT_DATA, RECEIPTS, TO_DEVICE, TYPING)
+    s.name: s
+    for s in (EVENTS, BACKFILL, CACHES, ACCOUNT_DATA, RECEIPTS, TO_DEVICE, DEVICE_LISTS, TYPING)
 }
 
 

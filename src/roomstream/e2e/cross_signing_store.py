@@ -1,0 +1,73 @@
+"""SQL for cross-signing keys and uploaded signatures (``e2e_cross_signing_keys``,
+``e2e_signatures``; written only here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from roomstream.storage import Transaction
+
+__all__ = [
+    "cross_signing_keys_txn",
+    "put_cross_signing_key_txn",
+    "put_signature_txn",
+    "signatures_on_txn",
+]
+
+
+def cross_signing_keys_txn(t: Transaction, user_id: str) -> dict[str, dict[str, Any]]:
+    """key type (``master``, ``self_signing``, ``user_signing``) -> key object."""
+    rows = t.query(
+        "SELECT key_type, key_json FROM e2e_cross_signing_keys WHERE user_id = ?", (user_id,)
+    )
+    return {str(kind): dict(orjson.loads(raw)) for kind, raw in rows}
+
+
+def put_cross_signing_key_txn(
+    t: Transaction, user_id: str, key_type: str, public_key: str, key: Mapping[str, Any]
+) -> None:
+    t.execute(
+        "INSERT INTO e2e_cross_signing_keys (user_id, key_type, public_key, key_json)"
+        " VALUES (?, ?, ?, ?) ON CONFLICT (user_id, key_type) DO UPDATE SET"
+        " public_key = excluded.public_key, key_json = excluded.key_json",
+        (user_id, key_type, public_key, orjson.dumps(key).decode()),
+    )
+
+
+def put_signature_txn(
+    t: Transaction,
+    signer_user_id: str,
+    signer_key_id: str,
+    target_user_id: str,
+    target_key_id: str,
+    signature: str,
+) -> None:
+    t.execute(
+        "INSERT INTO e2e_signatures (signer_user_id, signer_key_id, target_user_id,"
+        " target_key_id, signature) VALUES (?, ?, ?, ?, ?) ON CONFLICT (target_user_id,"
+        " target_key_id, signer_user_id, signer_key_id) DO UPDATE SET signature ="
+        " excluded.signature",
+        (signer_user_id, signer_key_id, target_user_id, target_key_id, signature),
+    )
+
+
+def signatures_on_txn(
+    t: Transaction, target_user_id: str, target_key_ids: Iterable[str]
+) -> dict[str, dict[str, dict[str, str]]]:
+    """target key ID -> signer user -> signer key ID -> signature."""
+    wanted = set(target_key_ids)
+    rows = t.query(
+        "SELECT target_key_id, signer_user_id, signer_key_id, signature FROM e2e_signatures"
+        " WHERE target_user_id = ?",
+        (target_user_id,),
+    )
+    found: dict[str, dict[str, dict[str, str]]] = {}
+    for target, signer, key_id, signature in rows:
+        if target in wanted:
+            found.setdefault(str(target), {}).setdefault(str(signer), {})[str(key_id)] = str(
+                signature
+            )
+    return found

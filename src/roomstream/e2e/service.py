@@ -1,0 +1,418 @@
+"""End-to-end encryption's server side: what the client layer calls.
+
+The server stores and hands out keys and never sees plaintext. Invariants:
+- device keys are accepted only signed by the device, for the token's user and device,
+  and never replaced by different ones (a device's identity is fixed);
+- a one-time key is handed out at most once (:func:`claim_one_time_key_txn`); when a
+  device has none left, its fallback key is handed out and marked used;
+- every change other users must learn of (new or deleted device keys, renamed devices,
+  cross-signing keys, signatures) writes a ``device_lists`` row in the same transaction,
+  on this process when it writes that stream (else the caller forwards the write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import orjson
+
+from roomstream.e2e import cross_signing_store as xs
+from roomstream.e2e import device_keys_store as dk
+from roomstream.e2e import device_lists
+from roomstream.e2e.signatures import (
+    CROSS_SIGNING_USAGES,
+    check_cross_signing_key,
+    check_device_keys,
+    cross_signing_public_key,
+    has_valid_signature,
+)
+from roomstream.errors import Codes, MatrixError
+from roomstream.storage import Database, Transaction
+from roomstream.streams import StreamIdGenerator
+
+__all__ = ["E2eKeys", "PasswordCheck"]
+
+R = TypeVar("R")
+
+#: Longest key ID / algorithm name accepted.
+MAX_KEY_ID = 255
+#: The fallback-keys field before the spec settled it (MSC2732).
+UNSTABLE_FALLBACK = "org.matrix.msc2732.fallback_keys"
+
+#: Checks ``auth`` as user-interactive auth with the user's password (raises if not).
+PasswordCheck = Callable[[str, "dict[str, Any] | None"], Any]
+#: Hands a write (operation, JSON arguments) to the ``device_lists`` writer; its result.
+Forward = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+def _strip(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("signatures", "unsigned")}
+
+
+def _key_rows(keys: Any, what: str) -> list[dk.KeyRow]:
+    """``{"algorithm:key_id": key}`` as rows; M_INVALID_PARAM for anything else."""
+    if keys is None:
+        return []
+    if not isinstance(keys, dict):
+        raise MatrixError(400, Codes.INVALID_PARAM, f"{what} must be an object")
+    rows = []
+    for name, key in keys.items():
+        algorithm, sep, key_id = name.partition(":")
+        if not sep or not algorithm or not key_id or len(name) > MAX_KEY_ID:
+            raise MatrixError(400, Codes.INVALID_PARAM, f"{what}: bad key name {name[:80]!r}")
+        if not isinstance(key, dict | str):
+            raise MatrixError(400, Codes.INVALID_PARAM, f"{what}: {name} must be a key")
+        rows.append((algorithm, key_id, orjson.dumps(key).decode()))
+    return rows
+
+
+def _merge_signatures(
+    obj: dict[str, Any], extra: Mapping[str, Mapping[str, str]] | None
+) -> dict[str, Any]:
+    if not extra:
+        return obj
+    own = obj.get("signatures")
+    signatures = {
+        u: dict(s) for u, s in (own.items() if isinstance(own, dict) else ()) if isinstance(s, dict)
+    }
+    for user, by_key in extra.items():
+        signatures.setdefault(user, {}).update(by_key)
+    return {**obj, "signatures": signatures}
+
+
+class E2eKeys:
+    def __init__(
+        self,
+        database: Database,
+        device_lists_writer: StreamIdGenerator,
+        check_password: PasswordCheck,
+        forward: Forward | None = None,
+    ) -> None:
+        """``forward``: how a process that does not write ``device_lists`` has the
+        writer carry out the writes that add a row (see :meth:`perform`); None: refused
+        with 400 there."""
+        self.db = database
+        self.stream = device_lists_writer
+        self._check_password = check_password
+        self._forward = forward
+
+    def _forwards(self) -> bool:
+        return self._forward is not None and not self.stream.is_writer()
+
+    async def perform(self, op: str, args: dict[str, Any]) -> Any:
+        """Carry out a write another process forwarded (its ``op`` and JSON ``args``)."""
+        try:
+            if op == "upload":
+                return await self.upload(
+                    str(args["user_id"]),
+                    str(args["device_id"]),
+                    args.get("device_keys"),
+                    args.get("one_time_keys"),
+                    args.get("fallback_keys"),
+                )
+            if op == "device_deleted":
+                return await self.device_deleted(
+                    str(args["user_id"]), [str(d) for d in args["device_ids"]]
+                )
+            if op == "device_renamed":
+                return await self.device_renamed(str(args["user_id"]))
+            if op == "upload_cross_signing":
+                return await self.upload_cross_signing(
+                    str(args["user_id"]), dict(args["body"]), args.get("auth")
+                )
+            if op == "upload_signatures":
+                return await self.upload_signatures(str(args["user_id"]), dict(args["body"]))
+        except (KeyError, TypeError, ValueError):
+            raise MatrixError(400, Codes.BAD_JSON, f"bad arguments for {op}") from None
+        raise MatrixError(400, Codes.UNRECOGNIZED, f"unknown e2e keys operation {op[:40]!r}")
+
+    # -- the device_lists stream -------------------------------------------------------
+
+    def position(self) -> int:
+        """Every ``device_lists`` fact at or below this is complete."""
+        return self.stream.get_linear_position()
+
+    @property
+    def writes_device_lists(self) -> bool:
+        return self.stream.is_writer()
+
+    async def _write(self, func: Callable[[Transaction], tuple[set[str], R]]) -> R:
+        """Run ``func`` (returning (users whose device lists changed, result)) in one
+        transaction with the ``device_lists`` row it calls for."""
+        if not self.stream.is_writer():
+            raise MatrixError(
+                400, Codes.UNKNOWN, f"{self.stream.instance_name} does not write device_lists"
+            )
+        instance = self.stream.instance_name
+
+        def txn(t: Transaction, ids: list[int]) -> R:
+            changed, result = func(t)
+            if changed:
+                device_lists.append_txn(t, ids[0], instance, changed)
+            return result
+
+        _, result = await self.stream.run_with_ids(1, txn)
+        return result
+
+    async def changed_since(
+        self,
+        user_id: str,
+        from_pos: int,
+        to_pos: int,
+        membership_range: tuple[int, int] | None = None,
+    ) -> tuple[set[str], set[str]]:
+        """(changed, left) for a sync of ``user_id`` from ``from_pos`` to ``to_pos`` of the
+        ``device_lists`` stream: ``changed`` holds users who share a room with ``user_id``
+        now (and ``user_id``) whose device lists changed; with ``membership_range`` (an
+        events-stream range), also users who came to share a room then; ``left`` users
+        whose membership changed then and who share no room with ``user_id`` now."""
+
+        def txn(t: Transaction) -> tuple[set[str], set[str]]:
+            changed = device_lists.changed_since_txn(t, user_id, from_pos, to_pos)
+            left: set[str] = set()
+            if membership_range is not None:
+                moved = device_lists.membership_changes_txn(t, user_id, *membership_range)
+                sharing = device_lists.shares_room_with_txn(t, user_id, moved)
+                changed |= sharing
+                left = moved - sharing - {user_id}
+            return changed, left
+
+        return await self.db.run_interaction(txn)
+
+    # -- device keys, one-time keys, fallback keys --------------------------------------
+
+    async def upload(
+        self,
+        user_id: str,
+        device_id: str,
+        device_keys: Any,
+        one_time_keys: Any,
+        fallback_keys: Any,
+    ) -> dict[str, int]:
+        """``POST /keys/upload``; the device's one-time key counts after it."""
+        if device_keys is not None and self._forwards():
+            assert self._forward is not None
+            args = {"user_id": user_id, "device_id": device_id, "device_keys": device_keys}
+            args |= {"one_time_keys": one_time_keys, "fallback_keys": fallback_keys}
+            return dict(await self._forward("upload", args))
+        keys = None if device_keys is None else check_device_keys(device_keys, user_id, device_id)
+        otks = _key_rows(one_time_keys, "one_time_keys")
+        fallbacks = _key_rows(fallback_keys, "fallback_keys")
+
+        def txn(t: Transaction) -> tuple[set[str], dict[str, int]]:
+            changed: set[str] = set()
+            if keys is not None:
+                stored = dk.get_device_keys_txn(t, user_id, device_id)
+                if stored is None:
+                    dk.put_device_keys_txn(t, user_id, device_id, keys)
+                    changed.add(user_id)
+                elif _strip(stored) != _strip(keys):
+                    raise MatrixError(
+                        400, Codes.INVALID_PARAM, "this device already has different keys"
+                    )
+            conflicts = dk.put_one_time_keys_txn(t, user_id, device_id, otks)
+            if conflicts:
+                algorithm, key_id, _ = conflicts[0]
+                raise MatrixError(
+                    400, Codes.INVALID_PARAM, f"one-time key {algorithm}:{key_id} already exists"
+                )
+            dk.put_fallback_keys_txn(t, user_id, device_id, fallbacks)
+            return changed, dk.one_time_key_counts_txn(t, user_id, device_id)
+
+        if keys is None:  # no device_lists row possible: any process may write it
+            _, counts = await self.db.run_interaction(txn)
+        else:
+            counts = await self._write(txn)
+        # Synapse always reports signed_curve25519 (clients top up from 0).
+        return {"signed_curve25519": 0, **counts}
+
+    async def one_time_key_counts(self, user_id: str, device_id: str) -> dict[str, int]:
+        counts = await self.db.run_interaction(dk.one_time_key_counts_txn, user_id, device_id)
+        return {"signed_curve25519": 0, **counts}
+
+    async def key_status(self, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
+        """(one-time key counts, unused fallback key types) of a device, in one
+        transaction (what every /sync sends)."""
+
+        def txn(t: Transaction) -> tuple[dict[str, int], list[str]]:
+            counts = dk.one_time_key_counts_txn(t, user_id, device_id)
+            return {"signed_curve25519": 0, **counts}, dk.unused_fallback_key_types_txn(
+                t, user_id, device_id
+            )
+
+        return await self.db.run_interaction(txn)
+
+    async def unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
+        return await self.db.run_interaction(dk.unused_fallback_key_types_txn, user_id, device_id)
+
+    async def query(self, requester: str, wanted: Mapping[str, list[str]]) -> dict[str, Any]:
+        """``POST /keys/query``: ``wanted`` maps user -> device IDs (empty: all)."""
+
+        def txn(t: Transaction) -> dict[str, Any]:
+            result: dict[str, Any] = {
+                "device_keys": {},
+                "master_keys": {},
+                "self_signing_keys": {},
+                "user_signing_keys": {},
+                "failures": {},
+            }
+            for user_id, device_ids in wanted.items():
+                devices = dk.device_keys_of_txn(t, user_id, device_ids or None)
+                cross = xs.cross_signing_keys_txn(t, user_id)
+                public = {kind: cross_signing_public_key(key)[1] for kind, key in cross.items()}
+                extra = xs.signatures_on_txn(t, user_id, [*devices, *public.values()])
+                result["device_keys"][user_id] = {
+                    d: _merge_signatures(keys, extra.get(d)) for d, keys in devices.items()
+                }
+                for kind, key in cross.items():
+                    if kind == "user_signing" and user_id != requester:
+                        continue
+                    merged = _merge_signatures(key, extra.get(public[kind]))
+                    result[f"{kind}_keys"][user_id] = merged
+            return result
+
+        return await self.db.run_interaction(txn)
+
+    async def claim(self, wanted: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+        """``POST /keys/claim``: user -> device -> algorithm; one key per device."""
+
+        def txn(t: Transaction) -> dict[str, Any]:
+            claimed: dict[str, dict[str, dict[str, Any]]] = {}
+            for user_id, devices in wanted.items():
+                for device_id, algorithm in devices.items():
+                    found = dk.claim_one_time_key_txn(t, user_id, device_id, algorithm)
+                    if found is None:
+                        found = dk.claim_fallback_key_txn(t, user_id, device_id, algorithm)
+                    if found is not None:
+                        key_id, raw = found
+                        claimed.setdefault(user_id, {})[device_id] = {
+                            f"{algorithm}:{key_id}": orjson.loads(raw)
+                        }
+            return {"one_time_keys": claimed, "failures": {}}
+
+        return await self.db.run_interaction(txn)
+
+    async def device_deleted(self, user_id: str, device_ids: list[str]) -> None:
+        """Forget the keys of deleted devices and tell the user's contacts."""
+        if self._forwards():
+            assert self._forward is not None
+            await self._forward("device_deleted", {"user_id": user_id, "device_ids": device_ids})
+            return
+
+        def txn(t: Transaction) -> tuple[set[str], None]:
+            for device_id in device_ids:
+                dk.delete_device_keys_txn(t, user_id, device_id)
+            return {user_id}, None
+
+        await self._write(txn)
+
+    async def device_renamed(self, user_id: str) -> None:
+        if self._forwards():
+            assert self._forward is not None
+            await self._forward("device_renamed", {"user_id": user_id})
+            return
+        await self._write(lambda t: ({user_id}, None))
+
+    # -- cross-signing --------------------------------------------------------------------
+
+    async def upload_cross_signing(
+        self, user_id: str, body: Mapping[str, Any], auth: dict[str, Any] | None
+    ) -> None:
+        """``POST /keys/device_signing/upload``. Replacing an existing master key needs the
+        user's password (user-interactive auth); the first one does not (as Synapse)."""
+        if self._forwards():
+            assert self._forward is not None
+            args = {"user_id": user_id, "body": dict(body), "auth": auth}
+            await self._forward("upload_cross_signing", args)
+            return
+        uploaded = {k: body[k] for k in CROSS_SIGNING_USAGES if body.get(k) is not None}
+        current = await self.db.run_interaction(xs.cross_signing_keys_txn, user_id)
+        master = uploaded.get("master_key")
+        if master is not None:
+            check_cross_signing_key(master, user_id, "master_key", None)
+            old = current.get("master")
+            if old is not None and _strip(old) != _strip(master):
+                await self._check_password(user_id, auth)
+        master_key = master if master is not None else current.get("master")
+        if master_key is None and uploaded:
+            raise MatrixError(400, Codes.MISSING_PARAM, "no master key uploaded")
+        signer = None if master_key is None else cross_signing_public_key(master_key)
+        for kind in ("self_signing_key", "user_signing_key"):
+            if kind in uploaded:
+                check_cross_signing_key(uploaded[kind], user_id, kind, signer)
+
+        def txn(t: Transaction) -> tuple[set[str], None]:
+            for kind, key in uploaded.items():
+                usage = CROSS_SIGNING_USAGES[kind]
+                xs.put_cross_signing_key_txn(
+                    t, user_id, usage, cross_signing_public_key(key)[1], key
+                )
+            return ({user_id} if uploaded else set()), None
+
+        await self._write(txn)
+
+    async def upload_signatures(self, requester: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /keys/signatures/upload``: each signature by ``requester`` is checked
+        against the signing key it names; the ones that fail are reported per key in
+        ``failures`` and not stored."""
+        if self._forwards():
+            assert self._forward is not None
+            args = {"user_id": requester, "body": dict(body)}
+            return dict(await self._forward("upload_signatures", args))
+        failures: dict[str, dict[str, dict[str, str]]] = {}
+
+        def fail(user: str, key_id: str, errcode: str, error: str) -> None:
+            failures.setdefault(user, {})[key_id] = {"errcode": errcode, "error": error}
+
+        def txn(t: Transaction) -> tuple[set[str], None]:
+            own_cross = xs.cross_signing_keys_txn(t, requester)
+            own_devices = dk.device_keys_of_txn(t, requester, None)
+            signer_keys: dict[str, str] = {}
+            for key in own_cross.values():
+                key_id, public = cross_signing_public_key(key)
+                signer_keys[key_id] = public
+            for device_id, keys in own_devices.items():
+                public = keys.get("keys", {}).get(f"ed25519:{device_id}")
+                if isinstance(public, str):
+                    signer_keys[f"ed25519:{device_id}"] = public
+            changed: set[str] = set()
+            for user_id, objects in body.items():
+                if not isinstance(objects, dict):
+                    raise MatrixError(400, Codes.INVALID_PARAM, "expected user -> key -> object")
+                devices = dk.device_keys_of_txn(t, user_id, None)
+                cross = xs.cross_signing_keys_txn(t, user_id)
+                by_public = {cross_signing_public_key(k)[1]: k for k in cross.values()}
+                for target, signed in objects.items():
+                    stored = devices.get(target) or by_public.get(target)
+                    if stored is None:
+                        fail(user_id, target, Codes.NOT_FOUND, "unknown key")
+                        continue
+                    if not isinstance(signed, dict) or _strip(signed) != _strip(stored):
+                        fail(user_id, target, "M_INVALID_SIGNATURE", "key does not match")
+                        continue
+                    all_signatures = signed.get("signatures")
+                    mine = (
+                        all_signatures.get(requester) if isinstance(all_signatures, dict) else None
+                    )
+                    if not isinstance(mine, dict) or not mine:
+                        fail(user_id, target, "M_INVALID_SIGNATURE", "no signature")
+                        continue
+                    for signer_key_id, signature in mine.items():
+                        signer_public = signer_keys.get(signer_key_id)
+                        if signer_public is None or not has_valid_signature(
+                            {**signed, "signatures": {requester: {signer_key_id: signature}}},
+                            requester,
+                            signer_key_id,
+                            signer_public,
+                        ):
+                            fail(user_id, target, "M_INVALID_SIGNATURE", "invalid signature")
+                            continue
+                        xs.put_signature_txn(
+                            t, requester, signer_key_id, user_id, target, str(signature)
+                        )
+                        changed.add(user_id)
+            return changed, None
+
+        await self._write(txn)
+        return {"failures": failures}

@@ -1,0 +1,62 @@
+"""``/sync``'s end-to-end-encryption fields: the syncing device's one-time key counts and
+unused fallback key types, and ``device_lists.changed`` from the device_lists stream (with
+its own part of the sync token), on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.client.conftest import Homeserver
+from tests.client.e2e_keys_helpers import Device
+
+
+async def test_counts_and_changed_device_lists(homeserver: Homeserver) -> None:
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    carol = await hs.register("carol")
+    room = (await hs.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]
+    await hs.ok("POST", f"/rooms/{room}/invite", {"user_id": bob.user_id}, token=alice.token)
+    await hs.ok("POST", f"/join/{room}", {}, token=bob.token)
+    first = await hs.ok("GET", "/sync", token=alice.token)
+    assert first["device_one_time_keys_count"] == {"signed_curve25519": 0}
+    assert first["device_unused_fallback_key_types"] == []
+    assert first["device_lists"] == {"changed": [], "left": []}
+    device = Device(alice.user_id, alice.device_id)
+    await hs.ok(
+        "POST",
+        "/keys/upload",
+        {
+            "one_time_keys": device.one_time_keys(["1", "2", "3"]),
+            "fallback_keys": {"signed_curve25519:F": {"key": "f", "fallback": True}},
+        },
+        token=alice.token,
+    )
+    for user in (bob, carol):
+        keys = Device(user.user_id, user.device_id).device_keys()
+        await hs.ok("POST", "/keys/upload", {"device_keys": keys}, token=user.token)
+    since = first["next_batch"]
+    later = await hs.ok("GET", f"/sync?since={since}&timeout=0", token=alice.token)
+    assert later["device_one_time_keys_count"] == {"signed_curve25519": 3}
+    assert later["device_unused_fallback_key_types"] == ["signed_curve25519"]
+    # carol shares no room with alice.
+    assert later["device_lists"] == {"changed": [bob.user_id], "left": []}
+    again = await hs.ok("GET", f"/sync?since={later['next_batch']}&timeout=0", token=alice.token)
+    assert again["device_lists"]["changed"] == []
+    # A token from before the device_lists part (five parts) still works: changes since 0.
+    old = "_".join(since.split("_")[:5])
+    from_old = await hs.ok("GET", f"/sync?since={old}&timeout=0", token=alice.token)
+    assert from_old["device_lists"]["changed"] == [bob.user_id]
+
+
+async def test_own_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
+    hs = homeserver
+    alice = await hs.register("alice")
+    since = (await hs.ok("GET", "/sync", token=alice.token))["next_batch"]
+    poll = asyncio.create_task(
+        hs.ok("GET", f"/sync?since={since}&timeout=60000", token=alice.token)
+    )
+    keys = Device(alice.user_id, alice.device_id).device_keys()
+    await hs.ok("POST", "/keys/upload", {"device_keys": keys}, token=alice.token)
+    woken = await asyncio.wait_for(poll, 30)
+    assert woken["device_lists"]["changed"] == [alice.user_id]
