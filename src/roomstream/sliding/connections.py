@@ -22,15 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roomstream.errors import MatrixError
+from roomstream.errors import MatrixError, UnknownPosError
 
 __all__ = ["Connection", "ConnectionStore", "RoomSent", "Snapshot", "unknown_pos"]
 
-UNKNOWN_POS = "M_UNKNOWN_POS"
-
 
 def unknown_pos(message: str = "unknown or expired pos; start a new connection") -> MatrixError:
-    return MatrixError(400, UNKNOWN_POS, message)
+    return UnknownPosError(message)
 
 
 @dataclass(frozen=True, slots=True)
