@@ -43,6 +43,7 @@ from roomstream.errors import (
     UnauthorizedError,
 )
 from roomstream.events.canonical import MAX_NESTING_DEPTH
+from roomstream.metrics import HTTP_REQUESTS
 
 __all__ = [
     "JSON_CONTENT_TYPE",
@@ -50,6 +51,7 @@ __all__ = [
     "bearer_auth_middleware",
     "error_response",
     "exact_json_content_type",
+    "http_metrics_middleware",
     "json_response",
     "matrix_error_middleware",
     "parse_json_object",
@@ -173,3 +175,33 @@ def bearer_auth_middleware(secret: str) -> Callable[..., Awaitable[web.StreamRes
         return await handler(request)
 
     return bearer_auth
+
+
+def _route(request: web.Request) -> str:
+    info = request.match_info
+    resource = info.route.resource if info.http_exception is None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def http_metrics_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Count every request by route template and the status it was answered with.
+
+    Put it first (outermost), so it sees what the inner middlewares turned errors into.
+    """
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        method = request.method if request.method in _METHODS else "other"
+        HTTP_REQUESTS.labels(method, _route(request), str(status)).inc()
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})

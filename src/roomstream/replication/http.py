@@ -85,13 +85,14 @@ from roomstream.httpbase import (
     bearer_auth_middleware,
     error_response,
     exact_json_content_type,
+    http_metrics_middleware,
     json_response,
     matrix_error_middleware,
     parse_json_object,
     read_json,
 )
 from roomstream.listener import HttpListener
-from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
+from roomstream.metrics import CONTENT_TYPE_LATEST
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
