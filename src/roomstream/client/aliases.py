@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from roomstream.client.store import ClientStore
-from roomstream.errors import BadAliasError, InvalidParamError, MatrixError
+from roomstream.errors import BadAliasError, InvalidParamError
 from roomstream.events.auth import (
     CREATE_KEY,
     POWER_LEVELS_KEY,
@@ -33,7 +33,7 @@ CANONICAL_ALIAS: Final = "m.room.canonical_alias"
 MAX_ALIAS_LENGTH: Final = 255
 
 
-def _invalid(message: str) -> MatrixError:
+def _invalid(message: str) -> InvalidParamError:
     return InvalidParamError(message)
 
 

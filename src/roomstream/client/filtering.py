@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from roomstream.errors import BadJsonError, MatrixError
+from roomstream.errors import BadJsonError
 from roomstream.events.format import is_valid_room_id, is_valid_user_id
 from roomstream.events.room_versions import ROOM_V11, ROOM_V12
 from roomstream.glob import MAX_GLOB_LENGTH, Glob, compile_glob
@@ -60,7 +60,7 @@ MAX_WILDCARD_PATTERNS = 16
 MAX_WILDCARDS = 64
 
 
-def _bad(message: str) -> MatrixError:
+def _bad(message: str) -> BadJsonError:
     return BadJsonError(message)
 
 

@@ -22,12 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roomstream.errors import MatrixError, UnknownPosError
+from roomstream.errors import UnknownPosError
 
 __all__ = ["Connection", "ConnectionStore", "RoomSent", "Snapshot", "unknown_pos"]
 
 
-def unknown_pos(message: str = "unknown or expired pos; start a new connection") -> MatrixError:
+def unknown_pos(
+    message: str = "unknown or expired pos; start a new connection",
+) -> UnknownPosError:
     return UnknownPosError(message)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from roomstream.errors import BadJsonError, InvalidParamError, MatrixError
+from roomstream.errors import BadJsonError, InvalidParamError
 
 __all__ = [
     "MAX_LISTS",
@@ -39,7 +39,7 @@ ME = "$ME"
 _MAX_ID = 255
 
 
-def _bad(message: str) -> MatrixError:
+def _bad(message: str) -> InvalidParamError:
     return InvalidParamError(message)
 
 
