@@ -1,8 +1,24 @@
-"""Errors with Matrix error codes, shared by every layer that rejects input."""
+"""The errors roomstream reports, named: each fixes its HTTP status and Matrix errcode once.
+
+Every layer that rejects input raises one of the named errors below (``NotFoundError``,
+``InvalidParamError``, ...), never a status and an errcode paired by hand: the library
+packages (reading, rooms, accounts, events, state, sliding) say *what* went wrong and know
+nothing of HTTP; the one middleware, :func:`roomstream.httpbase.matrix_error_middleware`,
+turns any :class:`MatrixError` into an answer from the status and errcode its class fixes.
+
+Invariants:
+
+- every errcode roomstream produces is a member of :class:`Codes`, defined here only;
+- every named error's ``(HTTP_STATUS, ERRCODE)`` is a class constant; ``MatrixError``
+  itself, with an explicit status, is built only where an error from elsewhere is mapped
+  (aiohttp's own HTTP errors, another process's JSON error answer), which
+  ``tests/test_errors.py`` checks by scanning the sources.
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 
 class Codes(StrEnum):
@@ -21,12 +37,31 @@ class Codes(StrEnum):
     UNRECOGNIZED = "M_UNRECOGNIZED"
     LIMIT_EXCEEDED = "M_LIMIT_EXCEEDED"
     UNAUTHORIZED = "M_UNAUTHORIZED"
+    USER_IN_USE = "M_USER_IN_USE"
+    INVALID_USERNAME = "M_INVALID_USERNAME"
+    UNKNOWN_TOKEN = "M_UNKNOWN_TOKEN"
+    MISSING_TOKEN = "M_MISSING_TOKEN"
+    GUEST_ACCESS_FORBIDDEN = "M_GUEST_ACCESS_FORBIDDEN"
+    BAD_ALIAS = "M_BAD_ALIAS"
+    ROOM_IN_USE = "M_ROOM_IN_USE"
+    #: Sliding sync: the connection or snapshot ``pos`` names is gone; start again.
+    UNKNOWN_POS = "M_UNKNOWN_POS"
     #: A process this request needs (e.g. the room's events writer) is unreachable.
     UNAVAILABLE = "M_UNAVAILABLE"
+    #: Key backup: the version named is not the current one.
+    WRONG_ROOM_KEYS_VERSION = "M_WRONG_ROOM_KEYS_VERSION"
+    #: A signature that does not verify (``/keys/signatures/upload`` failures).
+    INVALID_SIGNATURE = "M_INVALID_SIGNATURE"
+    #: Internal API: the writer no longer holds the stream rows asked for.
+    STREAM_TOO_OLD = "IO.ROOMSTREAM.STREAM_TOO_OLD"
+    #: Internal API: this instance does not write the room (after one forward).
+    WRONG_WRITER = "IO.ROOMSTREAM.WRONG_WRITER"
 
 
 class MatrixError(Exception):
-    """An error to report to whoever sent the input: HTTP status, errcode and message."""
+    """An error to report to whoever sent the input: HTTP status, errcode and message.
+
+    Raise a named subclass; build one directly only to map an error from elsewhere."""
 
     def __init__(
         self,
@@ -50,30 +85,265 @@ class MatrixError(Exception):
         return body
 
 
-class UnknownRoomError(MatrixError, LookupError):
+class NamedError(MatrixError):
+    """A :class:`MatrixError` whose class fixes its status and errcode: raised with a
+    message only."""
+
+    HTTP_STATUS: ClassVar[int]
+    ERRCODE: ClassVar[Codes]
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self.HTTP_STATUS, self.ERRCODE, message)
+
+
+# 400 -------------------------------------------------------------------------------------
+
+
+class BadRequestError(NamedError):
+    """A request refused for a reason no more specific errcode names (400 ``M_UNKNOWN``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.UNKNOWN
+
+
+class InvalidParamError(NamedError):
+    """A parameter (path, query or body) has a value it may not have (400 ``M_INVALID_PARAM``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.INVALID_PARAM
+
+
+class MissingParamError(NamedError):
+    """A required parameter is absent (400 ``M_MISSING_PARAM``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.MISSING_PARAM
+
+
+class BadJsonError(NamedError):
+    """JSON of the wrong shape: a wrong type, not an object, too deep (400 ``M_BAD_JSON``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.BAD_JSON
+
+
+class NotJsonError(NamedError):
+    """A body or parameter that is not JSON at all (400 ``M_NOT_JSON``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.NOT_JSON
+
+
+class UnrecognizedRequestError(NamedError):
+    """A request this server does not understand (400 ``M_UNRECOGNIZED``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.UNRECOGNIZED
+
+
+class UserInUseError(NamedError):
+    """The user ID asked for is taken (400 ``M_USER_IN_USE``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.USER_IN_USE
+
+
+class InvalidUsernameError(NamedError):
+    """A localpart the user-ID grammar refuses, or too long (400 ``M_INVALID_USERNAME``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.INVALID_USERNAME
+
+
+class BadAliasError(NamedError):
+    """A room alias that does not exist here or names another room (400 ``M_BAD_ALIAS``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.BAD_ALIAS
+
+
+class RoomInUseError(NamedError):
+    """A room alias asked for at room creation is taken (400 ``M_ROOM_IN_USE``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.ROOM_IN_USE
+
+
+class UnknownPosError(NamedError):
+    """Sliding sync: the ``pos`` (or its connection) is not known (400 ``M_UNKNOWN_POS``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.UNKNOWN_POS
+
+
+# Events: 400, whatever the errcode; ``except BadEventError`` catches them all. ------------
+
+
+class BadEventError(NamedError):
+    """An event that is malformed, too large, or whose hashes or ID do not match (400).
+
+    Abstract: raise one of its subclasses, which name the errcode."""
+
+    HTTP_STATUS = 400
+
+
+class MalformedEventError(BadEventError, BadJsonError):
+    """An event (PDU) whose JSON breaks the format rules (400 ``M_BAD_JSON``)."""
+
+
+class EventNotJsonError(BadEventError, NotJsonError):
+    """An event (PDU) that is not JSON, or not UTF-8 (400 ``M_NOT_JSON``)."""
+
+
+class EventTooLargeError(BadEventError):
+    """An event, or one of its keys, over the spec's size limits (400 ``M_TOO_LARGE``)."""
+
+    ERRCODE = Codes.TOO_LARGE
+
+
+class EventRoomUnknownError(BadEventError):
+    """An event of a room not known here, imported without its create event
+    (400 ``M_NOT_FOUND``)."""
+
+    ERRCODE = Codes.NOT_FOUND
+
+
+class EventSignatureError(BadEventError):
+    """A received event lacks a valid signature from a server that must sign it
+    (400 ``M_UNAUTHORIZED``)."""
+
+    ERRCODE = Codes.UNAUTHORIZED
+
+
+class UnsupportedRoomVersionError(BadEventError):
+    """A room version this server does not implement (400 ``M_UNSUPPORTED_ROOM_VERSION``)."""
+
+    ERRCODE = Codes.UNSUPPORTED_ROOM_VERSION
+
+
+# 401, 403 --------------------------------------------------------------------------------
+
+
+class MissingTokenError(NamedError):
+    """A request that needs an access token came without one (401 ``M_MISSING_TOKEN``)."""
+
+    HTTP_STATUS = 401
+    ERRCODE = Codes.MISSING_TOKEN
+
+
+class UnknownTokenError(NamedError):
+    """An access token that is not known, or expired (401 ``M_UNKNOWN_TOKEN``)."""
+
+    HTTP_STATUS = 401
+    ERRCODE = Codes.UNKNOWN_TOKEN
+
+
+class UnauthorizedError(NamedError):
+    """Internal API: a request without the shared bearer secret (401 ``M_UNAUTHORIZED``)."""
+
+    HTTP_STATUS = 401
+    ERRCODE = Codes.UNAUTHORIZED
+
+
+class ForbiddenError(NamedError):
+    """The requester may not do or see this (403 ``M_FORBIDDEN``)."""
+
+    HTTP_STATUS = 403
+    ERRCODE = Codes.FORBIDDEN
+
+
+class AuthError(ForbiddenError):
+    """An event (or request) that the authorization rules refuse (403 ``M_FORBIDDEN``)."""
+
+
+class WrongRoomKeysVersionError(NamedError):
+    """Room keys sent to a backup version that is not the current one (403
+    ``M_WRONG_ROOM_KEYS_VERSION``, with the ``current_version``)."""
+
+    HTTP_STATUS = 403
+    ERRCODE = Codes.WRONG_ROOM_KEYS_VERSION
+
+    def __init__(
+        self,
+        message: str = "this is not the current backup version",
+        *,
+        current_version: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.current_version = None if current_version is None else str(current_version)
+
+    def to_json(self) -> dict[str, str | int]:
+        body = super().to_json()
+        if self.current_version is not None:
+            body["current_version"] = self.current_version
+        return body
+
+
+class GuestAccessForbiddenError(NamedError):
+    """Guests may not do this (here: register; 403 ``M_GUEST_ACCESS_FORBIDDEN``)."""
+
+    HTTP_STATUS = 403
+    ERRCODE = Codes.GUEST_ACCESS_FORBIDDEN
+
+
+# 404, 409, 410, 421 ---------------------------------------------------------------------
+
+
+class NotFoundError(NamedError):
+    """The thing asked for does not exist, or is not known here (404 ``M_NOT_FOUND``)."""
+
+    HTTP_STATUS = 404
+    ERRCODE = Codes.NOT_FOUND
+
+
+class UnknownRoomError(NotFoundError, LookupError):
     """The room is not known here (404 ``M_NOT_FOUND``); also a ``LookupError``."""
 
     def __init__(self, room_id: str, detail: str = "") -> None:
-        super().__init__(404, Codes.NOT_FOUND, f"unknown room {room_id}{detail}")
+        super().__init__(f"unknown room {room_id}{detail}")
         self.room_id = room_id
 
 
-class ServiceUnavailableError(MatrixError):
+class ConflictError(NamedError):
+    """What the request would create exists already (409 ``M_UNKNOWN``, as Synapse answers
+    for a room alias taken)."""
+
+    HTTP_STATUS = 409
+    ERRCODE = Codes.UNKNOWN
+
+
+class StreamRowsGoneError(NamedError):
+    """Internal API: the writer no longer holds the stream rows asked for
+    (410 ``IO.ROOMSTREAM.STREAM_TOO_OLD``)."""
+
+    HTTP_STATUS = 410
+    ERRCODE = Codes.STREAM_TOO_OLD
+
+
+class WrongWriterError(NamedError):
+    """Internal API: this instance does not write the room or stream, after one forward
+    (421 ``IO.ROOMSTREAM.WRONG_WRITER``)."""
+
+    HTTP_STATUS = 421
+    ERRCODE = Codes.WRONG_WRITER
+
+
+# 5xx ---------------------------------------------------------------------------------------
+
+
+class InternalServerError(NamedError):
+    """A failure of this server, not of the request (500 ``M_UNKNOWN``)."""
+
+    HTTP_STATUS = 500
+    ERRCODE = Codes.UNKNOWN
+
+
+class ServiceUnavailableError(NamedError):
     """Another process this request needs cannot be reached (503 ``M_UNAVAILABLE``)."""
 
+    HTTP_STATUS = 503
+    ERRCODE = Codes.UNAVAILABLE
+
     def __init__(self, message: str, *, retry_after_ms: int = 1000) -> None:
-        super().__init__(503, Codes.UNAVAILABLE, message, retry_after_ms=retry_after_ms)
-
-
-class BadEventError(MatrixError):
-    """An event that is malformed, too large, or whose hashes or ID do not match."""
-
-    def __init__(self, errcode: Codes | str, message: str) -> None:
-        super().__init__(400, errcode, message)
-
-
-class AuthError(MatrixError):
-    """An event (or request) that the authorization rules refuse."""
-
-    def __init__(self, message: str, errcode: Codes | str = Codes.FORBIDDEN) -> None:
-        super().__init__(403, errcode, message)
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms

@@ -34,9 +34,8 @@ from rich.console import Console
 from roomstream import metrics
 from roomstream.client import ClientProcess, build_client_api
 from roomstream.config import Config, HttpConfig
-from roomstream.httpbase import matrix_error_middleware
+from roomstream.httpbase import http_metrics_middleware, matrix_error_middleware
 from roomstream.listener import HttpListener
-from roomstream.metrics import http_metrics_middleware
 from roomstream.reading import read_side_participants
 from roomstream.reading.backfill import run_pending_in_background
 from roomstream.replication.http import MAX_BODY, InternalHttpServer

@@ -33,8 +33,17 @@ import orjson
 from aiohttp import web
 
 from roomstream import exactjson
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    BadJsonError,
+    BadRequestError,
+    Codes,
+    InternalServerError,
+    MatrixError,
+    NotJsonError,
+    UnauthorizedError,
+)
 from roomstream.events.canonical import MAX_NESTING_DEPTH
+from roomstream.metrics import HTTP_REQUESTS
 
 __all__ = [
     "JSON_CONTENT_TYPE",
@@ -42,6 +51,7 @@ __all__ = [
     "bearer_auth_middleware",
     "error_response",
     "exact_json_content_type",
+    "http_metrics_middleware",
     "json_response",
     "matrix_error_middleware",
     "parse_json_object",
@@ -99,7 +109,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
     except ConnectionResetError:
-        raise MatrixError(400, Codes.UNKNOWN, "the client went away") from None
+        raise BadRequestError("the client went away") from None
     if not raw.strip():
         return {}
     return parse_json_object(raw, "content")
@@ -115,13 +125,11 @@ def parse_json_object(raw: str | bytes, what: str) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise MatrixError(400, Codes.NOT_JSON, f"{what} not JSON: {exc}") from None
+        raise NotJsonError(f"{what} not JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise MatrixError(400, Codes.BAD_JSON, f"the {what} must be a JSON object")
+        raise BadJsonError(f"the {what} must be a JSON object")
     if exactjson.nested_deeper_than(body, MAX_NESTING_DEPTH):
-        raise MatrixError(
-            400, Codes.BAD_JSON, f"{what} nested deeper than {MAX_NESTING_DEPTH} levels"
-        )
+        raise BadJsonError(f"{what} nested deeper than {MAX_NESTING_DEPTH} levels")
     return body
 
 
@@ -148,7 +156,7 @@ async def matrix_error_middleware(request: web.Request, handler: Handler) -> web
         raise
     except Exception:
         logger.exception("internal error answering %s %s", request.method, request.path)
-        return error_response(MatrixError(500, Codes.UNKNOWN, "internal error"))
+        return error_response(InternalServerError("internal error"))
 
 
 def bearer_auth_middleware(secret: str) -> Callable[..., Awaitable[web.StreamResponse]]:
@@ -163,7 +171,37 @@ def bearer_auth_middleware(secret: str) -> Callable[..., Awaitable[web.StreamRes
         header = request.headers.get("Authorization", "")
         token = header[7:] if header.startswith("Bearer ") else ""
         if not hmac.compare_digest(token.encode(errors="surrogateescape"), expected):
-            raise MatrixError(401, Codes.UNAUTHORIZED, "missing or wrong bearer token")
+            raise UnauthorizedError("missing or wrong bearer token")
         return await handler(request)
 
     return bearer_auth
+
+
+def _route(request: web.Request) -> str:
+    info = request.match_info
+    resource = info.route.resource if info.http_exception is None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def http_metrics_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Count every request by route template and the status it was answered with.
+
+    Put it first (outermost), so it sees what the inner middlewares turned errors into.
+    """
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        method = request.method if request.method in _METHODS else "other"
+        HTTP_REQUESTS.labels(method, _route(request), str(status)).inc()
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})

@@ -4,8 +4,9 @@ Two kinds:
 
 - process-wide instruments updated by small hooks where things happen: persisting events
   (:func:`observe_persisted`, :func:`persist_timer`) and HTTP requests
-  (:func:`http_metrics_middleware`). They live in ``prometheus_client``'s default
-  registry, next to its ``process_*`` and ``python_*`` metrics;
+  (:func:`roomstream.httpbase.http_metrics_middleware`). They live in
+  ``prometheus_client``'s default registry, next to its ``process_*`` and ``python_*``
+  metrics;
 - per-instance gauges read at scrape time from the running instance (stream positions,
   replication connections and lag) by a :class:`InstanceCollector`, so nothing on the hot
   path keeps them up to date.
@@ -21,11 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -44,7 +44,6 @@ __all__ = [
     "PERSIST_SECONDS",
     "InstanceCollector",
     "InstanceSnapshot",
-    "http_metrics_middleware",
     "observe_persisted",
     "persist_timer",
     "render",
@@ -71,36 +70,6 @@ def observe_persisted(room_version: str, rejected: bool, soft_failed: bool) -> N
     """Count one newly stored event."""
     outcome = "rejected" if rejected else "soft_failed" if soft_failed else "accepted"
     EVENTS_PERSISTED.labels(room_version, outcome).inc()
-
-
-def _route(request: web.Request) -> str:
-    info = request.match_info
-    resource = info.route.resource if info.http_exception is None else None
-    return resource.canonical if resource is not None else "unmatched"
-
-
-@web.middleware
-async def http_metrics_middleware(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Count every request by route template and the status it was answered with.
-
-    Put it first (outermost), so it sees what the inner middlewares turned errors into.
-    """
-    status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except web.HTTPException as exc:
-        status = exc.status
-        raise
-    finally:
-        method = request.method if request.method in _METHODS else "other"
-        HTTP_REQUESTS.labels(method, _route(request), str(status)).inc()
-
-
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"})
 
 
 @dataclass

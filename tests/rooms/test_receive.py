@@ -10,7 +10,7 @@ import orjson
 import pytest
 from signedjson.key import decode_signing_key_base64
 
-from roomstream.errors import BadEventError, Codes
+from roomstream.errors import BadEventError, Codes, EventSignatureError
 from roomstream.events.format import (
     build_event_dict,
     finalise_local_event,
@@ -18,7 +18,7 @@ from roomstream.events.format import (
 )
 from roomstream.events.model import Event
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, room_version
-from roomstream.events.signing import EventSignatureError, SigningKey
+from roomstream.events.signing import SigningKey
 from roomstream.rooms.engine import RoomEngine
 from roomstream.rooms.keys import ServerKeyStore
 from tests.rooms.conftest import REMOTE, remote_event, verify_key_base64

@@ -20,7 +20,18 @@ from roomstream.accounts.store import AccountStore, UserExistsError
 from roomstream.accounts.token_cache import TOKEN_CACHE, TokenCache
 from roomstream.accounts.tokens import new_access_token, new_device_id, token_hash
 from roomstream.caches import stream_invalidation_txn
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    ForbiddenError,
+    GuestAccessForbiddenError,
+    InternalServerError,
+    InvalidParamError,
+    InvalidUsernameError,
+    MatrixError,
+    MissingTokenError,
+    UnauthorizedError,
+    UnknownTokenError,
+    UserInUseError,
+)
 from roomstream.storage import Transaction
 from roomstream.streams import StreamIdGenerator
 
@@ -45,22 +56,16 @@ MAX_SESSION_LENGTH = 255
 #: The flow offered for sensitive actions of a logged-in user.
 PASSWORD_FLOWS = [{"stages": ["m.login.password"]}]
 
-USER_IN_USE = "M_USER_IN_USE"
-INVALID_USERNAME = "M_INVALID_USERNAME"
-UNKNOWN_TOKEN = "M_UNKNOWN_TOKEN"
-MISSING_TOKEN = "M_MISSING_TOKEN"
-GUEST_ACCESS_FORBIDDEN = "M_GUEST_ACCESS_FORBIDDEN"
-
 
 #: Ends sessions on the process that writes the ``caches`` stream: (user, device or None).
 EndSessions = Callable[[str, str | None], Awaitable[None]]
 
 
-class UserInteractiveAuthRequired(MatrixError):
+class UserInteractiveAuthRequired(UnauthorizedError):
     """401 with the flows a client may complete (the spec's user-interactive auth)."""
 
     def __init__(self, session: str, flows: list[dict[str, Any]]) -> None:
-        super().__init__(401, Codes.UNAUTHORIZED, "user-interactive authentication required")
+        super().__init__("user-interactive authentication required")
         self.session = session
         self.flows = flows
 
@@ -86,10 +91,10 @@ class LoginResult:
 def parse_user_id(user_id: str) -> tuple[str, str]:
     """(localpart, server name) of a user ID; M_INVALID_PARAM if it is not one."""
     if not user_id.startswith("@") or ":" not in user_id or len(user_id) > MAX_USER_ID_LENGTH:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"not a user ID: {user_id[:300]!r}")
+        raise InvalidParamError(f"not a user ID: {user_id[:300]!r}")
     localpart, _, server = user_id[1:].partition(":")
     if not localpart or not server:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"not a user ID: {user_id[:300]!r}")
+        raise InvalidParamError(f"not a user ID: {user_id[:300]!r}")
     return localpart, server
 
 
@@ -128,14 +133,12 @@ class Accounts:
     def user_id_for(self, localpart: str) -> str:
         localpart = localpart.lower() if localpart.isascii() else localpart
         if not LOCALPART.fullmatch(localpart):
-            raise MatrixError(
-                400,
-                INVALID_USERNAME,
+            raise InvalidUsernameError(
                 "user names may contain only a-z, 0-9, and the characters . _ = - / +",
             )
         user_id = f"@{localpart}:{self.server_name}"
         if len(user_id) > MAX_USER_ID_LENGTH:
-            raise MatrixError(400, INVALID_USERNAME, "user ID too long")
+            raise InvalidUsernameError("user ID too long")
         return user_id
 
     def local_user_id(self, user: str) -> str:
@@ -143,14 +146,14 @@ class Accounts:
         if user.startswith("@"):
             localpart, server = parse_user_id(user)
             if server != self.server_name:
-                raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+                raise ForbiddenError("invalid username or password")
             return self.user_id_for(localpart)
         return self.user_id_for(user)
 
     async def is_available(self, localpart: str) -> bool:
         user_id = self.user_id_for(localpart)
         if await self.store.get_user(user_id) is not None:
-            raise MatrixError(400, USER_IN_USE, "user ID already taken")
+            raise UserInUseError("user ID already taken")
         return True
 
     # -- registration ------------------------------------------------------------------
@@ -177,9 +180,9 @@ class Accounts:
         account's password (when it has one), so it grants nothing a login would not.
         """
         if guest:
-            raise MatrixError(403, GUEST_ACCESS_FORBIDDEN, "guest access is disabled")
+            raise GuestAccessForbiddenError("guest access is disabled")
         if not self.registration_enabled:
-            raise MatrixError(403, Codes.FORBIDDEN, "registration has been disabled")
+            raise ForbiddenError("registration has been disabled")
         _check_password(password)
         session = _auth_session(auth)
         if session is not None:
@@ -193,7 +196,7 @@ class Accounts:
         if localpart is not None:
             user_id = self.user_id_for(localpart)
             if await self.store.get_user(user_id) is not None:
-                raise MatrixError(400, USER_IN_USE, "user ID already taken")
+                raise UserInUseError("user ID already taken")
         if not isinstance(auth, dict) or auth.get("type") != "m.login.dummy":
             session = auth.get("session") if isinstance(auth, dict) else None
             if not isinstance(session, str) or not session:
@@ -219,11 +222,11 @@ class Accounts:
         """The answer to a registration retried through its completed session."""
         record = await self.store.get_user(user_id)
         if record is None or record.deactivated:
-            raise MatrixError(403, Codes.FORBIDDEN, "the registration of this session has ended")
+            raise ForbiddenError("the registration of this session has ended")
         if record.password_hash is not None and (
             password is None or not await verify_password(record.password_hash, password)
         ):
-            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+            raise ForbiddenError("invalid username or password")
         if inhibit_login:
             return LoginResult(user_id, None, None)
         return await self._new_session(user_id, device_id, display_name)
@@ -259,7 +262,7 @@ class Accounts:
                 )
             except UserExistsError:
                 if localpart is not None:
-                    raise MatrixError(400, USER_IN_USE, "user ID already taken") from None
+                    raise UserInUseError("user ID already taken") from None
                 continue
             if registered != user_id:
                 return await self._registered_again(
@@ -267,7 +270,7 @@ class Accounts:
                 )
             break
         else:  # pragma: no cover - 48 random bits colliding ten times
-            raise MatrixError(500, Codes.UNKNOWN, "could not pick a free user ID")
+            raise InternalServerError("could not pick a free user ID")
         if inhibit_login:
             return LoginResult(user_id, None, None)
         return await self._new_session(user_id, device_id, display_name)
@@ -287,16 +290,16 @@ class Accounts:
         user_id = self.local_user_id(user)
         record = await self.store.get_user(user_id)
         if record is None or record.password_hash is None or record.deactivated:
-            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+            raise ForbiddenError("invalid username or password")
         if not await verify_password(record.password_hash, password):
-            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+            raise ForbiddenError("invalid username or password")
         return await self._new_session(user_id, device_id, display_name)
 
     async def _new_session(
         self, user_id: str, device_id: str | None, display_name: str | None
     ) -> LoginResult:
         if device_id is not None and not 0 < len(device_id) <= MAX_DEVICE_ID_LENGTH:
-            raise MatrixError(400, Codes.INVALID_PARAM, "device_id must be 1-255 characters")
+            raise InvalidParamError("device_id must be 1-255 characters")
         device_id = device_id or new_device_id()
         token = new_access_token()
         await self.store.login_device(user_id, device_id, display_name, token_hash(token))
@@ -317,14 +320,14 @@ class Accounts:
         if not isinstance(password, str) or (
             named is not None and (not isinstance(named, str) or self._names(named) != user_id)
         ):
-            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+            raise ForbiddenError("invalid username or password")
         record = await self.store.get_user(user_id)
         if (
             record is None
             or record.password_hash is None
             or not await verify_password(record.password_hash, password)
         ):
-            raise MatrixError(403, Codes.FORBIDDEN, "invalid username or password")
+            raise ForbiddenError("invalid username or password")
 
     def _names(self, user: str) -> str | None:
         try:
@@ -335,7 +338,7 @@ class Accounts:
     async def authenticate(self, access_token: str | None) -> Requester:
         """The owner of a token: M_MISSING_TOKEN / M_UNKNOWN_TOKEN (401) otherwise."""
         if not access_token:
-            raise MatrixError(401, MISSING_TOKEN, "missing access token")
+            raise MissingTokenError("missing access token")
         hashed = token_hash(access_token)
         cache = self.token_cache
         if cache is None or not cache.trusted():
@@ -348,7 +351,7 @@ class Accounts:
                 if owner is not None:
                     cache.put(hashed, owner, generation)
         if owner is None:
-            raise MatrixError(401, UNKNOWN_TOKEN, "unknown or expired access token")
+            raise UnknownTokenError("unknown or expired access token")
         return Requester(*owner)
 
     async def logout(self, requester: Requester) -> None:
@@ -416,6 +419,4 @@ def _registration_sessions_since() -> int:
 
 def _check_password(password: str | None) -> None:
     if password is not None and (not password or len(password) > MAX_PASSWORD_LENGTH):
-        raise MatrixError(
-            400, Codes.INVALID_PARAM, f"password must be 1-{MAX_PASSWORD_LENGTH} characters"
-        )
+        raise InvalidParamError(f"password must be 1-{MAX_PASSWORD_LENGTH} characters")

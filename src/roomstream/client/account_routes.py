@@ -9,7 +9,11 @@ from aiohttp import web
 from roomstream.accounts import Accounts, LoginResult
 from roomstream.client.request import json_response, optional, read_json, required
 from roomstream.client.server import Route, authenticate
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    BadRequestError,
+    InvalidParamError,
+    MissingParamError,
+)
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VERSIONS
 
 __all__ = ["SUPPORTED_VERSIONS", "account_routes"]
@@ -62,11 +66,11 @@ def account_routes(accounts: Accounts) -> list[Route]:
     async def login(request: web.Request) -> web.Response:
         body = await read_json(request)
         if required(body, "type", str) != "m.login.password":
-            raise MatrixError(400, Codes.UNKNOWN, "only m.login.password is supported")
+            raise BadRequestError("only m.login.password is supported")
         identifier = optional(body, "identifier", dict)
         if identifier is not None:
             if optional(identifier, "type", str) != "m.id.user":
-                raise MatrixError(400, Codes.UNKNOWN, "only m.id.user identifiers are supported")
+                raise BadRequestError("only m.id.user identifiers are supported")
             user = required(identifier, "user", str)
         else:
             user = required(body, "user", str)  # the deprecated top-level form
@@ -82,7 +86,7 @@ def account_routes(accounts: Accounts) -> list[Route]:
         body = await read_json(request)
         kind = request.query.get("kind", "user")
         if kind not in ("user", "guest"):
-            raise MatrixError(400, Codes.INVALID_PARAM, "kind must be user or guest")
+            raise InvalidParamError("kind must be user or guest")
         result = await accounts.register(
             optional(body, "username", str),
             optional(body, "password", str),
@@ -97,7 +101,7 @@ def account_routes(accounts: Accounts) -> list[Route]:
     async def register_available(request: web.Request) -> web.Response:
         username = request.query.get("username")
         if not username:
-            raise MatrixError(400, Codes.MISSING_PARAM, "missing username")
+            raise MissingParamError("missing username")
         return json_response({"available": await accounts.is_available(username)})
 
     async def logout(request: web.Request) -> web.Response:

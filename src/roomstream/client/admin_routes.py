@@ -10,7 +10,7 @@ from roomstream.accounts import Accounts, parse_user_id
 from roomstream.accounts.client_ips import ClientIps
 from roomstream.client.request import json_response
 from roomstream.client.server import Route, authenticate
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import ForbiddenError, InvalidParamError
 
 __all__ = ["admin_routes"]
 
@@ -23,9 +23,9 @@ def admin_routes(accounts: Accounts, client_ips: ClientIps) -> list[Route]:
         if user_id != requester.user_id:
             record = await accounts.store.get_user(requester.user_id)
             if record is None or not record.admin:
-                raise MatrixError(403, Codes.FORBIDDEN, "You are not a server admin")
+                raise ForbiddenError("You are not a server admin")
         if server != accounts.server_name:
-            raise MatrixError(400, Codes.INVALID_PARAM, "Can only whois a local user")
+            raise InvalidParamError("Can only whois a local user")
         devices = await client_ips.connections(user_id)
         body = {
             "user_id": user_id,

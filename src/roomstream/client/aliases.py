@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from roomstream.client.store import ClientStore
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import BadAliasError, InvalidParamError
 from roomstream.events.auth import (
     CREATE_KEY,
     POWER_LEVELS_KEY,
@@ -27,16 +27,14 @@ from roomstream.events.auth import (
 from roomstream.events.format import is_valid_server_name
 from roomstream.rooms.store import EventStore
 
-__all__ = ["BAD_ALIAS", "CANONICAL_ALIAS", "AliasRules", "canonical_aliases"]
+__all__ = ["CANONICAL_ALIAS", "AliasRules", "canonical_aliases"]
 
 CANONICAL_ALIAS: Final = "m.room.canonical_alias"
-#: Synapse's errcode for an alias that does not exist or names another room.
-BAD_ALIAS: Final = "M_BAD_ALIAS"
 MAX_ALIAS_LENGTH: Final = 255
 
 
-def _invalid(message: str) -> MatrixError:
-    return MatrixError(400, Codes.INVALID_PARAM, message)
+def _invalid(message: str) -> InvalidParamError:
+    return InvalidParamError(message)
 
 
 def check_alias_grammar(alias: object) -> str:
@@ -92,7 +90,7 @@ class AliasRules:
             if alias.endswith(":" + self.server_name):
                 found = await self.store.get_alias(alias)
             if found is None or found[0] != room_id:
-                raise MatrixError(400, BAD_ALIAS, f"room alias {alias} does not point to the room")
+                raise BadAliasError(f"room alias {alias} does not point to the room")
 
     async def check_canonical_alias(
         self, room_id: str, content: Mapping[str, Any], previous: Mapping[str, Any] | None

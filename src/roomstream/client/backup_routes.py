@@ -15,7 +15,7 @@ from roomstream.e2e.backup import (
     parse_sessions,
     sessions_json,
 )
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import NotFoundError
 
 __all__ = ["backup_routes"]
 
@@ -75,7 +75,7 @@ def backup_routes(accounts: Accounts, backup: KeyBackup) -> list[Route]:
         )
         if session_id is not None:
             if not stored:
-                raise MatrixError(404, Codes.NOT_FOUND, "no such session in the backup")
+                raise NotFoundError("no such session in the backup")
             return json_response(stored[0][2])
         rooms = sessions_json(stored)
         if room_id is not None:

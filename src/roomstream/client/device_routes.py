@@ -14,7 +14,7 @@ from roomstream.accounts.client_ips import ClientIps, Connection
 from roomstream.client.request import json_response, optional, read_json, required
 from roomstream.client.server import Route, authenticate
 from roomstream.e2e import E2eKeys
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError, NotFoundError
 
 __all__ = ["device_routes"]
 
@@ -62,7 +62,7 @@ def device_routes(accounts: Accounts, keys: E2eKeys, client_ips: ClientIps) -> l
         requester = await authenticate(accounts, request)
         found = await store.get_device(requester.user_id, request.match_info["device_id"])
         if found is None:
-            raise MatrixError(404, Codes.NOT_FOUND, "no such device")
+            raise NotFoundError("no such device")
         seen = await client_ips.connections(requester.user_id)
         device_id, name = found
         return json_response(
@@ -76,12 +76,12 @@ def device_routes(accounts: Accounts, keys: E2eKeys, client_ips: ClientIps) -> l
         name = optional(body, "display_name", str)
         if name is None:
             if await store.get_device(requester.user_id, device_id) is None:
-                raise MatrixError(404, Codes.NOT_FOUND, "no such device")
+                raise NotFoundError("no such device")
             return json_response({})
         if len(name) > MAX_DISPLAY_NAME:
-            raise MatrixError(400, Codes.INVALID_PARAM, "display_name is too long")
+            raise InvalidParamError("display_name is too long")
         if not await store.rename_device(requester.user_id, device_id, name):
-            raise MatrixError(404, Codes.NOT_FOUND, "no such device")
+            raise NotFoundError("no such device")
         await keys.device_renamed(requester.user_id)
         return json_response({})
 
@@ -90,7 +90,7 @@ def device_routes(accounts: Accounts, keys: E2eKeys, client_ips: ClientIps) -> l
         device_id = request.match_info["device_id"]
         body = await read_json(request) if request.can_read_body else {}
         if await store.get_device(requester.user_id, device_id) is None:
-            raise MatrixError(404, Codes.NOT_FOUND, "no such device")
+            raise NotFoundError("no such device")
         await delete(requester.user_id, [device_id], optional(body, "auth", dict))
         return json_response({})
 
@@ -99,7 +99,7 @@ def device_routes(accounts: Accounts, keys: E2eKeys, client_ips: ClientIps) -> l
         body = await read_json(request)
         device_ids = required(body, "devices", list)
         if not all(isinstance(d, str) for d in device_ids):
-            raise MatrixError(400, Codes.INVALID_PARAM, "devices must be a list of device IDs")
+            raise InvalidParamError("devices must be a list of device IDs")
         await delete(requester.user_id, sorted(set(device_ids)), optional(body, "auth", dict))
         return json_response({})
 

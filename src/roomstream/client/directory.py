@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError
 from roomstream.storage import Database, Transaction
 
 __all__ = [
@@ -108,7 +108,7 @@ class RoomListToken:
     def parse(cls, raw: str) -> RoomListToken:
         match = cls._PATTERN.fullmatch(raw)
         if match is None:
-            raise MatrixError(400, Codes.INVALID_PARAM, "since: not a room list token")
+            raise InvalidParamError("since: not a room list token")
         return cls(match[1], int(match[2]), match[3])
 
 

@@ -9,7 +9,7 @@ from roomstream.accounts import Accounts
 from roomstream.client.directory import MAX_ROOMS_LIMIT, DirectoryReader
 from roomstream.client.request import json_response, optional, query_int, read_json, required
 from roomstream.client.server import Route, authenticate
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError
 
 __all__ = ["directory_routes"]
 
@@ -20,15 +20,13 @@ def _limit(value: int | None, default: int | None) -> int | None:
     if value is None:
         return default
     if value < 0:
-        raise MatrixError(400, Codes.INVALID_PARAM, "limit must not be negative")
+        raise InvalidParamError("limit must not be negative")
     return value
 
 
 def _check_server(server: str | None, server_name: str) -> None:
     if server is not None and server != server_name:
-        raise MatrixError(
-            400, Codes.INVALID_PARAM, f"server {server[:300]!r}: federation is not supported"
-        )
+        raise InvalidParamError(f"server {server[:300]!r}: federation is not supported")
 
 
 def directory_routes(
@@ -39,7 +37,7 @@ def directory_routes(
         body = await read_json(request)
         term = required(body, "search_term", str)
         if len(term) > MAX_TERM_LENGTH:
-            raise MatrixError(400, Codes.INVALID_PARAM, "search_term is too long")
+            raise InvalidParamError("search_term is too long")
         limit = _limit(optional(body, "limit", int), 10)
         found = await directory.search_users(requester.user_id, term, limit or 0)
         return json_response({"results": found.results, "limited": found.limited})
@@ -61,11 +59,11 @@ def directory_routes(
         limit = _limit(optional(body, "limit", int), None)
         since = optional(body, "since", str)
         if since is not None and len(since) > MAX_TERM_LENGTH:
-            raise MatrixError(400, Codes.INVALID_PARAM, "since is too long")
+            raise InvalidParamError("since is too long")
         filter_def = optional(body, "filter", dict, {})
         term = optional(filter_def, "generic_search_term", str)
         if term is not None and len(term) > MAX_TERM_LENGTH:
-            raise MatrixError(400, Codes.INVALID_PARAM, "generic_search_term is too long")
+            raise InvalidParamError("generic_search_term is too long")
         optional(body, "include_all_networks", bool)
         optional(body, "third_party_instance_id", str)
         page = await directory.public_rooms(limit, since or None, term)

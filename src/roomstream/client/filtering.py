@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import BadJsonError
 from roomstream.events.format import is_valid_room_id, is_valid_user_id
 from roomstream.events.room_versions import ROOM_V11, ROOM_V12
 from roomstream.glob import MAX_GLOB_LENGTH, Glob, compile_glob
@@ -60,8 +60,8 @@ MAX_WILDCARD_PATTERNS = 16
 MAX_WILDCARDS = 64
 
 
-def _bad(message: str) -> MatrixError:
-    return MatrixError(400, Codes.BAD_JSON, message)
+def _bad(message: str) -> BadJsonError:
+    return BadJsonError(message)
 
 
 def _type_patterns(definition: Mapping[str, Any], key: str, where: str) -> tuple[str, ...] | None:

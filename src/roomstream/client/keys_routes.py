@@ -13,7 +13,7 @@ from roomstream.client.request import json_response, optional, read_json, requir
 from roomstream.client.server import Route, authenticate
 from roomstream.client.sync import SyncToken
 from roomstream.e2e import E2eKeys
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError, MissingParamError
 
 __all__ = ["keys_routes"]
 
@@ -24,7 +24,7 @@ MAX_DEVICES_PER_REQUEST = 10_000
 def _user_map(body: dict[str, Any], name: str) -> dict[str, Any]:
     value = required(body, name, dict)
     if not all(isinstance(k, str) and k.startswith("@") for k in value):
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must map user IDs")
+        raise InvalidParamError(f"{name} must map user IDs")
     return value
 
 
@@ -35,11 +35,11 @@ def _query_wanted(body: dict[str, Any]) -> dict[str, list[str]]:
         if devices is None:
             devices = []
         if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
-            raise MatrixError(400, Codes.INVALID_PARAM, "device_keys values must be lists")
+            raise InvalidParamError("device_keys values must be lists")
         total += max(1, len(devices))
         wanted[user_id] = devices
     if total > MAX_DEVICES_PER_REQUEST:
-        raise MatrixError(400, Codes.INVALID_PARAM, "too many devices in one query")
+        raise InvalidParamError("too many devices in one query")
     return wanted
 
 
@@ -48,10 +48,10 @@ def _claim_wanted(body: dict[str, Any]) -> dict[str, dict[str, str]]:
     total = 0
     for devices in wanted.values():
         if not isinstance(devices, dict) or not all(isinstance(a, str) for a in devices.values()):
-            raise MatrixError(400, Codes.INVALID_PARAM, "one_time_keys: device -> algorithm")
+            raise InvalidParamError("one_time_keys: device -> algorithm")
         total += len(devices)
     if total > MAX_DEVICES_PER_REQUEST:
-        raise MatrixError(400, Codes.INVALID_PARAM, "too many devices in one claim")
+        raise InvalidParamError("too many devices in one claim")
     return wanted
 
 
@@ -60,7 +60,7 @@ def _device_lists_position(request: web.Request, name: str) -> int | None:
     that part existed)."""
     raw = request.query.get(name)
     if not raw:
-        raise MatrixError(400, Codes.MISSING_PARAM, f"missing {name}")
+        raise MissingParamError(f"missing {name}")
     token = SyncToken.parse(raw)
     return token.device_lists if raw.count("_") == 5 else None
 

@@ -25,7 +25,7 @@ from roomstream.accounts import Requester
 from roomstream.client.notifier import Notifier
 from roomstream.client.store import ClientStore
 from roomstream.client.userdata import UserData
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import ForbiddenError, MatrixError
 from roomstream.reading import (
     MAX_LIMIT,
     ClientEvent,
@@ -81,9 +81,7 @@ class LegacyReads:
         event = None if entry is None else await self.event_store.get_event(entry)
         content = {} if event is None else event.data.get("content") or {}
         if content.get("history_visibility") != "world_readable":
-            raise MatrixError(
-                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
-            )
+            raise ForbiddenError(f"user {requester.user_id} is not in room {room_id}")
 
     # -- GET /rooms/{id}/initialSync ---------------------------------------------------
 

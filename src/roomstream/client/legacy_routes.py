@@ -13,7 +13,7 @@ from roomstream.client.request import json_response, query_bool, query_int, read
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
 from roomstream.client.sync import SyncToken
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError, NotFoundError
 from roomstream.reading import EventsToken, RoomReader
 
 __all__ = ["legacy_routes"]
@@ -28,14 +28,14 @@ DEFAULT_EVENTS_LIMIT = 100
 def _room_id(request: web.Request) -> str:
     room_id = request.match_info["room_id"]
     if not room_id.startswith("!") or not 1 < len(room_id) <= MAX_ID_LENGTH:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"not a room ID: {room_id[:300]!r}")
+        raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
     return room_id
 
 
 def _path_value(request: web.Request, name: str) -> str:
     value = request.match_info[name]
     if not value or len(value) > MAX_ID_LENGTH:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be 1-{MAX_ID_LENGTH} characters")
+        raise InvalidParamError(f"{name} must be 1-{MAX_ID_LENGTH} characters")
     return value
 
 
@@ -45,7 +45,7 @@ def _events_token(raw: str | None) -> EventsToken | None:
     if raw is None or raw == "":
         return None
     if len(raw) > 1000:
-        raise MatrixError(400, Codes.INVALID_PARAM, "token too long")
+        raise InvalidParamError("token too long")
     return SyncToken.parse(raw).events if "_" in raw else EventsToken.parse(raw)
 
 
@@ -84,7 +84,7 @@ def legacy_routes(
         limit = clamp_limit(query_int(request, "limit", DEFAULT_EVENTS_LIMIT, high=10_000))
         room_id = request.query.get("room_id")
         if room_id is not None and not (room_id.startswith("!") and len(room_id) <= MAX_ID_LENGTH):
-            raise MatrixError(400, Codes.INVALID_PARAM, "room_id must be a room ID")
+            raise InvalidParamError("room_id must be a room ID")
         return json_response(await legacy.events(requester, since, timeout_ms, limit, room_id))
 
     async def get_event(request: web.Request) -> web.Response:
@@ -93,7 +93,7 @@ def legacy_routes(
             requester.user_id, _path_value(request, "event_id"), device_id=requester.device_id
         )
         if event is None:
-            raise MatrixError(404, Codes.NOT_FOUND, "event not found")
+            raise NotFoundError("event not found")
         return json_response(event)
 
     return [

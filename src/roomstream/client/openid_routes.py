@@ -13,10 +13,13 @@ from aiohttp import web
 
 from roomstream.accounts import Accounts
 from roomstream.accounts.openid import OpenIdTokens
-from roomstream.accounts.service import MISSING_TOKEN, UNKNOWN_TOKEN
 from roomstream.client.request import json_response, read_json
 from roomstream.client.server import Route, authenticate
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    ForbiddenError,
+    MissingTokenError,
+    UnknownTokenError,
+)
 
 __all__ = ["USERINFO_PATH", "openid_routes"]
 
@@ -30,7 +33,7 @@ def openid_routes(accounts: Accounts, openid: OpenIdTokens) -> list[Route]:
         requester = await authenticate(accounts, request)
         await read_json(request)
         if request.match_info["user_id"] != requester.user_id:
-            raise MatrixError(403, Codes.FORBIDDEN, "Cannot request tokens for other users")
+            raise ForbiddenError("Cannot request tokens for other users")
         token = await openid.issue(requester.user_id)
         return json_response(
             {
@@ -44,10 +47,10 @@ def openid_routes(accounts: Accounts, openid: OpenIdTokens) -> list[Route]:
     async def userinfo(request: web.Request) -> web.Response:
         token = request.query.get("access_token")
         if not token:
-            raise MatrixError(401, MISSING_TOKEN, "Missing access token")
+            raise MissingTokenError("Missing access token")
         user_id = await openid.user_for(token) if len(token) <= MAX_TOKEN_LENGTH else None
         if user_id is None:
-            raise MatrixError(401, UNKNOWN_TOKEN, "Access token unknown or expired")
+            raise UnknownTokenError("Access token unknown or expired")
         return json_response({"sub": user_id})
 
     return [

@@ -21,7 +21,7 @@ from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
 from roomstream.client.store import ClientStore
 from roomstream.client.sync import SyncHandler, SyncRequest, SyncToken
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
 from roomstream.httpbase import parse_json_object
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.tokens import PaginationToken
@@ -37,10 +37,10 @@ async def load_filter(store: ClientStore, requester: Requester, raw: str | None)
     if raw.startswith("{"):
         return parse_sync_filter(_inline_json(raw))
     if not raw.isascii() or not raw.isdigit() or len(raw) > 17:
-        raise MatrixError(400, Codes.INVALID_PARAM, "filter must be JSON or a filter ID")
+        raise InvalidParamError("filter must be JSON or a filter ID")
     found = await store.get_filter(requester.user_id, int(raw))
     if found is None:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"no filter {raw}")
+        raise InvalidParamError(f"no filter {raw}")
     return parse_sync_filter(found)
 
 
@@ -52,7 +52,7 @@ def _token(raw: str | None) -> PaginationToken | None:
     if raw is None or raw == "":
         return None
     if len(raw) > 1000:
-        raise MatrixError(400, Codes.INVALID_PARAM, "token too long")
+        raise InvalidParamError("token too long")
     if "_" in raw:  # a sync token: its events part
         return SyncToken.parse(raw).events
     return parse_pagination_token(raw)
@@ -77,7 +77,7 @@ def read_routes(
         sync_filter = await load_filter(store, requester, request.query.get("filter"))
         set_presence = request.query.get("set_presence", "online")
         if set_presence not in ("online", "offline", "unavailable"):
-            raise MatrixError(400, Codes.INVALID_PARAM, "set_presence: online|offline|unavailable")
+            raise InvalidParamError("set_presence: online|offline|unavailable")
         body = await sync_handler.sync(
             requester,
             SyncRequest(
@@ -94,7 +94,7 @@ def read_routes(
         room_id = request.match_info["room_id"]
         direction = request.query.get("dir", "b")
         if direction not in ("b", "f"):
-            raise MatrixError(400, Codes.INVALID_PARAM, "dir must be b or f")
+            raise InvalidParamError("dir must be b or f")
         raw_filter = request.query.get("filter")
         event_filter = (
             EMPTY_ROOM_EVENT_FILTER
@@ -146,7 +146,7 @@ def read_routes(
         ignored = await ignored_by(requester)
         if not hide_ignored([found.event], ignored):
             # Hidden from this user as an event they may not see (Synapse: 403).
-            raise MatrixError(403, Codes.FORBIDDEN, "you may not see that event")
+            raise ForbiddenError("you may not see that event")
         return json_response(
             {
                 "event": found.event,
@@ -178,7 +178,7 @@ def read_routes(
             requester.user_id, request.match_info["event_id"], device_id=requester.device_id
         )
         if event is None or event.get("room_id") != request.match_info["room_id"]:
-            raise MatrixError(404, Codes.NOT_FOUND, "event not found")
+            raise NotFoundError("event not found")
         return json_response(event)
 
     async def full_state(request: web.Request) -> web.Response:

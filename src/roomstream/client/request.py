@@ -11,7 +11,12 @@ from typing import Any, TypeVar, overload
 
 from aiohttp import web
 
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    BadJsonError,
+    InvalidParamError,
+    MissingParamError,
+    MissingTokenError,
+)
 from roomstream.httpbase import json_response, read_json
 
 __all__ = [
@@ -51,14 +56,14 @@ def optional(body: dict[str, Any], name: str, kind: type[T], default: T | None =
     if value is None:
         return default
     if not _is(value, kind):
-        raise MatrixError(400, Codes.BAD_JSON, f"{name} must be {_type_name(kind)}")
+        raise BadJsonError(f"{name} must be {_type_name(kind)}")
     return value  # type: ignore[no-any-return]
 
 
 def required(body: dict[str, Any], name: str, kind: type[T]) -> T:
     value = optional(body, name, kind)
     if value is None:
-        raise MatrixError(400, Codes.MISSING_PARAM, f"missing {name}")
+        raise MissingParamError(f"missing {name}")
     return value
 
 
@@ -70,10 +75,10 @@ def query_int(
         return default
     digits = raw[1:] if raw.startswith("-") else raw
     if not digits.isascii() or not digits.isdigit() or len(raw) > 17:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be an integer")
+        raise InvalidParamError(f"{name} must be an integer")
     value = int(raw)
     if not low <= value <= high:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be in {low}..{high}")
+        raise InvalidParamError(f"{name} must be in {low}..{high}")
     return value
 
 
@@ -82,7 +87,7 @@ def query_bool(request: web.Request, name: str, default: bool = False) -> bool:
     if raw is None:
         return default
     if raw not in ("true", "false"):
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be true or false")
+        raise InvalidParamError(f"{name} must be true or false")
     return raw == "true"
 
 
@@ -92,6 +97,6 @@ def access_token(request: web.Request) -> str | None:
     if header is not None:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise MatrixError(401, "M_MISSING_TOKEN", "Authorization must be 'Bearer <token>'")
+            raise MissingTokenError("Authorization must be 'Bearer <token>'")
         return token.strip()
     return request.query.get("access_token")

@@ -10,7 +10,7 @@ from roomstream.accounts import Accounts
 from roomstream.client.request import json_response, optional, read_json, required
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.server import Route, authenticate
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError, NotFoundError
 
 __all__ = ["room_routes"]
 
@@ -20,14 +20,14 @@ MAX_ID_LENGTH = 255
 def _room_id(request: web.Request) -> str:
     room_id = request.match_info["room_id"]
     if not room_id.startswith("!") or not 1 < len(room_id) <= MAX_ID_LENGTH:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"not a room ID: {room_id[:300]!r}")
+        raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
     return room_id
 
 
 def _path_value(request: web.Request, name: str) -> str:
     value = request.match_info.get(name, "")
     if len(value) > MAX_ID_LENGTH:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} is too long")
+        raise InvalidParamError(f"{name} is too long")
     return value
 
 
@@ -122,7 +122,7 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
             _path_value(request, "state_key"),
         )
         if content is None:
-            raise MatrixError(404, Codes.NOT_FOUND, "no such state event")
+            raise NotFoundError("no such state event")
         return json_response(content)
 
     async def redact(request: web.Request) -> web.Response:

@@ -22,7 +22,17 @@ from roomstream.client.aliases import CANONICAL_ALIAS, AliasRules, canonical_ali
 from roomstream.client.request import optional
 from roomstream.client.store import ClientStore
 from roomstream.client.writes import RoomWriter
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    BadAliasError,
+    BadJsonError,
+    BadRequestError,
+    ConflictError,
+    ForbiddenError,
+    InvalidParamError,
+    MatrixError,
+    NotFoundError,
+    RoomInUseError,
+)
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, room_version
 from roomstream.reading import RoomReader, client_event
 from roomstream.rooms.creation import RoomPreset
@@ -71,10 +81,10 @@ class CreateRoomRequest:
         """A ``createRoom`` body, checked field by field (400 for what is malformed)."""
         visibility = optional(body, "visibility", str, "private")
         if visibility not in ("public", "private"):
-            raise MatrixError(400, Codes.INVALID_PARAM, "visibility must be public or private")
+            raise InvalidParamError("visibility must be public or private")
         invite = optional(body, "invite", list, [])
         if not all(isinstance(i, str) for i in invite):
-            raise MatrixError(400, Codes.BAD_JSON, "invite must be a list of user IDs")
+            raise BadJsonError("invite must be a list of user IDs")
         return cls(
             preset=optional(body, "preset", str),
             visibility=visibility,
@@ -194,9 +204,7 @@ class RoomService:
                 pass
         elif await self._world_readable(current):
             return current
-        raise MatrixError(
-            403, Codes.FORBIDDEN, f"user {requester.user_id} may not read the state of {room_id}"
-        )
+        raise ForbiddenError(f"user {requester.user_id} may not read the state of {room_id}")
 
     async def _world_readable(self, current: StateMap) -> bool:
         """Whether the room's current history visibility is ``world_readable``."""
@@ -228,9 +236,7 @@ class RoomService:
 
     async def require_joined(self, requester: Requester, room_id: str) -> None:
         if await self.membership(room_id, requester.user_id) != "join":
-            raise MatrixError(
-                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
-            )
+            raise ForbiddenError(f"user {requester.user_id} is not in room {room_id}")
 
     # -- creating rooms ----------------------------------------------------------------
 
@@ -244,23 +250,21 @@ class RoomService:
             "public_chat" if request.visibility == "public" else "private_chat"
         )
         if preset not in PRESETS:
-            raise MatrixError(400, Codes.INVALID_PARAM, f"unknown preset {preset!r}")
+            raise InvalidParamError(f"unknown preset {preset!r}")
         for invitee in request.invite:
             parse_user_id(invitee)
         alias = None
         if request.room_alias_name is not None:
             alias = self._local_alias(f"#{request.room_alias_name}:{self.server_name}")
             if await self.store.get_alias(alias) is not None:
-                raise MatrixError(400, "M_ROOM_IN_USE", f"room alias {alias} already taken")
+                raise RoomInUseError(f"room alias {alias} already taken")
         # Before the room exists: the only alias that can point to it is the one made
         # with it (room_alias_name).
         for state in request.initial_state:
             if state.type == CANONICAL_ALIAS and state.state_key == "":
                 for named in canonical_aliases(state.content):
                     if named != alias:
-                        raise MatrixError(
-                            400, "M_BAD_ALIAS", f"room alias {named} does not point to the room"
-                        )
+                        raise BadAliasError(f"room alias {named} does not point to the room")
         sender = requester.user_id
         public = preset == "public_chat"
         room_id = await self.writer.create_room(
@@ -288,7 +292,7 @@ class RoomService:
             await send(room_id, sender, "m.room.power_levels", levels, state_key="")
         if alias is not None:
             if not await self.store.create_alias(alias, room_id, sender):
-                raise MatrixError(400, "M_ROOM_IN_USE", f"room alias {alias} already taken")
+                raise RoomInUseError(f"room alias {alias} already taken")
             await send(room_id, sender, "m.room.canonical_alias", {"alias": alias}, state_key="")
         if not public:
             await send(
@@ -315,10 +319,10 @@ class RoomService:
         if room_id_or_alias.startswith("#"):
             found = await self.store.get_alias(self._local_alias(room_id_or_alias))
             if found is None:
-                raise MatrixError(404, Codes.NOT_FOUND, f"room alias {room_id_or_alias} unknown")
+                raise NotFoundError(f"room alias {room_id_or_alias} unknown")
             return found[0]
         if not room_id_or_alias.startswith("!"):
-            raise MatrixError(400, Codes.INVALID_PARAM, "expected a room ID or alias")
+            raise InvalidParamError("expected a room ID or alias")
         return room_id_or_alias
 
     async def join(
@@ -334,7 +338,7 @@ class RoomService:
         join rule, the event being signed by this server)."""
         room_id = await self.resolve_room(room_id_or_alias)
         if await self.events.get_room_version(room_id) is None:
-            raise MatrixError(404, Codes.NOT_FOUND, f"unknown room {room_id}")
+            raise NotFoundError(f"unknown room {room_id}")
         if await self.membership(room_id, requester.user_id) == "join":
             return room_id
         event_content = {k: v for k, v in (content or {}).items() if k not in _SERVER_JOIN_KEYS}
@@ -356,7 +360,7 @@ class RoomService:
         ``send_knock``) is not implemented, as joining over federation is not."""
         room_id = await self.resolve_room(room_id_or_alias)
         if await self.events.get_room_version(room_id) is None:
-            raise MatrixError(404, Codes.NOT_FOUND, f"unknown room {room_id}")
+            raise NotFoundError(f"unknown room {room_id}")
         content: dict[str, Any] = {"membership": "knock"}
         if reason is not None:
             content["reason"] = reason
@@ -367,9 +371,7 @@ class RoomService:
 
     async def leave(self, requester: Requester, room_id: str) -> None:
         if await self.membership(room_id, requester.user_id) in (None, "leave"):
-            raise MatrixError(
-                403, Codes.FORBIDDEN, f"user {requester.user_id} is not in room {room_id}"
-            )
+            raise ForbiddenError(f"user {requester.user_id} is not in room {room_id}")
         await self.writer.send(
             room_id,
             requester.user_id,
@@ -386,11 +388,11 @@ class RoomService:
         await self.require_joined(requester, room_id)
         current = await self.membership(room_id, target)
         if action == "invite" and current == "join":
-            raise MatrixError(403, Codes.FORBIDDEN, f"{target} is already in the room")
+            raise ForbiddenError(f"{target} is already in the room")
         if action == "kick" and current not in ("join", "invite", "knock"):
-            raise MatrixError(403, Codes.FORBIDDEN, f"{target} is not in the room")
+            raise ForbiddenError(f"{target} is not in the room")
         if action == "unban" and current != "ban":
-            raise MatrixError(403, Codes.FORBIDDEN, f"{target} is not banned")
+            raise ForbiddenError(f"{target} is not banned")
         membership = {"invite": "invite", "kick": "leave", "ban": "ban", "unban": "leave"}[action]
         content: dict[str, Any] = {"membership": membership}
         if reason is not None:
@@ -401,7 +403,7 @@ class RoomService:
 
     async def forget(self, requester: Requester, room_id: str) -> None:
         if await self.membership(room_id, requester.user_id) in ("join", "invite", "knock"):
-            raise MatrixError(400, Codes.UNKNOWN, "leave the room before forgetting it")
+            raise BadRequestError("leave the room before forgetting it")
         await self.store.forget(requester.user_id, room_id)
 
     # -- sending -----------------------------------------------------------------------
@@ -539,26 +541,24 @@ class RoomService:
 
     def _local_alias(self, alias: str) -> str:
         if not alias.startswith("#") or ":" not in alias or len(alias) > MAX_ALIAS_LENGTH:
-            raise MatrixError(400, Codes.INVALID_PARAM, f"not a room alias: {alias[:300]!r}")
+            raise InvalidParamError(f"not a room alias: {alias[:300]!r}")
         localpart, _, server = alias[1:].partition(":")
         if not localpart or server != self.server_name:
-            raise MatrixError(
-                400, Codes.INVALID_PARAM, f"room aliases must end in :{self.server_name}"
-            )
+            raise InvalidParamError(f"room aliases must end in :{self.server_name}")
         return alias
 
     async def create_alias(self, requester: Requester, alias: str, room_id: str) -> None:
         alias = self._local_alias(alias)
         if await self.events.get_room_version(room_id) is None:
-            raise MatrixError(404, Codes.NOT_FOUND, f"unknown room {room_id}")
+            raise NotFoundError(f"unknown room {room_id}")
         await self.require_joined(requester, room_id)
         if not await self.store.create_alias(alias, room_id, requester.user_id):
-            raise MatrixError(409, Codes.UNKNOWN, f"room alias {alias} already exists")
+            raise ConflictError(f"room alias {alias} already exists")
 
     async def get_alias(self, alias: str) -> str:
         found = await self.store.get_alias(self._local_alias(alias))
         if found is None:
-            raise MatrixError(404, Codes.NOT_FOUND, f"room alias {alias} not found")
+            raise NotFoundError(f"room alias {alias} not found")
         return found[0]
 
     async def delete_alias(
@@ -567,14 +567,12 @@ class RoomService:
         """Its creator, a server admin or who may change the room's canonical alias."""
         found = await self.store.get_alias(self._local_alias(alias))
         if found is None:
-            raise MatrixError(404, Codes.NOT_FOUND, f"room alias {alias} not found")
+            raise NotFoundError(f"room alias {alias} not found")
         room_id, creator = found
         if not await self.alias_rules.may_delete(
             requester.user_id, room_id, creator, is_admin=is_admin
         ):
-            raise MatrixError(
-                403,
-                Codes.FORBIDDEN,
+            raise ForbiddenError(
                 "only the alias's creator, a server admin or who may change the room's"
                 " canonical alias may delete it",
             )
@@ -630,11 +628,11 @@ def parse_creation_content(raw: dict[str, Any]) -> dict[str, Any]:
     creators = optional(content, "additional_creators", list, [])
     for creator in creators:
         if not isinstance(creator, str):
-            raise MatrixError(400, Codes.BAD_JSON, "additional_creators must be user IDs")
+            raise BadJsonError("additional_creators must be user IDs")
         try:
             parse_user_id(creator)
         except MatrixError:
-            raise MatrixError(400, Codes.BAD_JSON, "additional_creators must be user IDs") from None
+            raise BadJsonError("additional_creators must be user IDs") from None
     return content
 
 
@@ -642,12 +640,12 @@ def parse_state_events(raw: Sequence[Any]) -> list[StateEvent]:
     result = []
     for item in raw:
         if not isinstance(item, dict):
-            raise MatrixError(400, Codes.BAD_JSON, "initial_state entries must be objects")
+            raise BadJsonError("initial_state entries must be objects")
         event_type, state_key = item.get("type"), item.get("state_key", "")
         content = item.get("content")
         if not isinstance(event_type, str) or not isinstance(state_key, str):
-            raise MatrixError(400, Codes.BAD_JSON, "initial_state needs type and state_key")
+            raise BadJsonError("initial_state needs type and state_key")
         if not isinstance(content, dict):
-            raise MatrixError(400, Codes.BAD_JSON, "initial_state content must be an object")
+            raise BadJsonError("initial_state content must be an object")
         result.append(StateEvent(event_type, state_key, content))
     return result

@@ -25,7 +25,7 @@ from roomstream.client.typing import TypingState
 from roomstream.client.unread import UnreadCounter
 from roomstream.client.userdata import UserData
 from roomstream.e2e import E2eKeys
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError
 from roomstream.events.redaction import redact
 from roomstream.reading import EventsToken, RoomReader, RoomTimeline
 
@@ -62,7 +62,7 @@ class SyncToken:
     def parse(cls, text: str) -> SyncToken:
         parts = text.split("_")
         if len(parts) not in (5, 6) or not all(_TAIL.fullmatch(p) for p in parts[1:]):
-            raise MatrixError(400, Codes.INVALID_PARAM, f"invalid sync token {text[:64]!r}")
+            raise InvalidParamError(f"invalid sync token {text[:64]!r}")
         return cls(EventsToken.parse(parts[0]), *(int(p) for p in parts[1:]))
 
 

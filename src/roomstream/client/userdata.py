@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import BadRequestError
 from roomstream.storage import Transaction
 from roomstream.streams import StreamSet
 
@@ -45,9 +45,7 @@ class UserData:
     def _writer(self, stream_name: str) -> Any:
         generator = self.streams.generator(stream_name)
         if not generator.is_writer():
-            raise MatrixError(
-                400, Codes.UNKNOWN, f"{self.instance_name} does not write {stream_name}"
-            )
+            raise BadRequestError(f"{self.instance_name} does not write {stream_name}")
         return generator
 
     # -- account data ------------------------------------------------------------------

@@ -15,7 +15,13 @@ from roomstream.client.server import Route, authenticate
 from roomstream.client.store import ClientStore
 from roomstream.client.userdata import UserData
 from roomstream.client.writes import UserDataWriter
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    BadJsonError,
+    ForbiddenError,
+    InvalidParamError,
+    NotFoundError,
+    UnrecognizedRequestError,
+)
 
 __all__ = ["userdata_routes"]
 
@@ -26,14 +32,14 @@ MAX_KEY_LENGTH = 255
 def _own(request: web.Request, requester: Requester) -> str:
     user_id = request.match_info["user_id"]
     if user_id != requester.user_id:
-        raise MatrixError(403, Codes.FORBIDDEN, "cannot access another user's data")
+        raise ForbiddenError("cannot access another user's data")
     return user_id
 
 
 def _key(request: web.Request, name: str) -> str:
     value = request.match_info[name]
     if not value or len(value) > MAX_KEY_LENGTH:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be 1-{MAX_KEY_LENGTH} chars")
+        raise InvalidParamError(f"{name} must be 1-{MAX_KEY_LENGTH} chars")
     return value
 
 
@@ -62,7 +68,7 @@ def userdata_routes(
             user_id, request.match_info.get("room_id"), _key(request, "data_type")
         )
         if content is None:
-            raise MatrixError(404, Codes.NOT_FOUND, "no account data of that type")
+            raise NotFoundError("no account data of that type")
         return json_response(content)
 
     async def get_tags(request: web.Request) -> web.Response:
@@ -84,7 +90,7 @@ def userdata_routes(
             if order is not None and (
                 isinstance(order, bool) or not isinstance(order, int | float)
             ):
-                raise MatrixError(400, Codes.BAD_JSON, "order must be a number")
+                raise BadJsonError("order must be a number")
             tags[tag] = {} if order is None else {"order": order}
         else:
             tags.pop(tag, None)
@@ -109,7 +115,7 @@ def userdata_routes(
             else None
         )
         if found is None:
-            raise MatrixError(404, Codes.NOT_FOUND, "no such filter")
+            raise NotFoundError("no such filter")
         return json_response(found)
 
     async def put_typing(request: web.Request) -> web.Response:
@@ -142,7 +148,7 @@ def userdata_routes(
                 room_id, receipt_type, requester.user_id, _key(request, "event_id"), thread_id
             )
         else:
-            raise MatrixError(400, Codes.INVALID_PARAM, f"unknown receipt type {receipt_type}")
+            raise InvalidParamError(f"unknown receipt type {receipt_type}")
         return json_response({})
 
     async def read_markers(request: web.Request) -> web.Response:
@@ -169,9 +175,9 @@ def userdata_routes(
             if not isinstance(by_device, dict) or not all(
                 isinstance(c, dict) for c in by_device.values()
             ):
-                raise MatrixError(400, Codes.BAD_JSON, "messages: user -> device -> object")
+                raise BadJsonError("messages: user -> device -> object")
             if not user_id.endswith(":" + accounts.server_name):
-                raise MatrixError(400, Codes.INVALID_PARAM, "only local users can be reached")
+                raise InvalidParamError("only local users can be reached")
         # Idempotent per sending device and transaction ID, as PUT /send is.
         transaction = (requester.device_id, _key(request, "txn_id"))
         await writes.send_to_device(
@@ -186,7 +192,7 @@ def userdata_routes(
         if scope is not None:
             if scope not in rules:
                 # Synapse: an unknown scope is an unrecognised request, not a missing one.
-                raise MatrixError(400, Codes.UNRECOGNIZED, f"unknown push rule scope {scope!r}")
+                raise UnrecognizedRequestError(f"unknown push rule scope {scope!r}")
             return json_response(rules[scope])
         return json_response(rules)
 

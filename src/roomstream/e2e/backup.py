@@ -14,44 +14,36 @@ from typing import Any
 
 from roomstream.e2e import backup_store as bs
 from roomstream.e2e.backup_rule import SessionQuality, replaces
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    BadJsonError,
+    InvalidParamError,
+    MatrixError,
+    NotFoundError,
+    WrongRoomKeysVersionError,
+)
 from roomstream.storage import Database, Transaction
 
 __all__ = [
     "KeyBackup",
     "SessionUpload",
-    "WrongBackupVersion",
     "parse_rooms",
     "parse_session",
     "parse_sessions",
     "sessions_json",
 ]
 
-WRONG_VERSION = "M_WRONG_ROOM_KEYS_VERSION"
-
 #: (room ID, session ID, quality, session_data)
 SessionUpload = tuple[str, str, SessionQuality, Any]
 
 
-class WrongBackupVersion(MatrixError):
-    """403 ``M_WRONG_ROOM_KEYS_VERSION``: keys go to the current version only."""
-
-    def __init__(self, current_version: int) -> None:
-        super().__init__(403, WRONG_VERSION, "this is not the current backup version")
-        self.current_version = str(current_version)
-
-    def to_json(self) -> dict[str, str | int]:
-        return {**super().to_json(), "current_version": self.current_version}
-
-
 def _no_backup() -> MatrixError:
-    return MatrixError(404, Codes.NOT_FOUND, "no current backup version")
+    return NotFoundError("no current backup version")
 
 
 def parse_version(raw: str | None) -> int:
     """A version as the client gives it (a decimal string); 404 for one that cannot exist."""
     if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > 18:
-        raise MatrixError(404, Codes.NOT_FOUND, f"unknown backup version {str(raw)[:40]!r}")
+        raise NotFoundError(f"unknown backup version {str(raw)[:40]!r}")
     return int(raw)
 
 
@@ -59,7 +51,7 @@ def parse_session(data: Any) -> tuple[SessionQuality, Any]:
     """A ``KeyBackupData`` object: M_BAD_JSON (400) if malformed."""
 
     def bad(message: str) -> MatrixError:
-        return MatrixError(400, Codes.BAD_JSON, message)
+        return BadJsonError(message)
 
     if not isinstance(data, dict):
         raise bad("a session key must be an object")
@@ -115,14 +107,14 @@ class KeyBackup:
     ) -> None:
         number = parse_version(version)
         if body_version is not None and body_version != version:
-            raise MatrixError(400, Codes.INVALID_PARAM, "version in the body does not match")
+            raise InvalidParamError("version in the body does not match")
 
         def txn(t: Transaction) -> None:
             found = bs.get_version_txn(t, user_id, number)
             if found is None:
                 raise _no_backup()
             if found[1] != algorithm:
-                raise MatrixError(400, Codes.INVALID_PARAM, "algorithm cannot be changed")
+                raise InvalidParamError("algorithm cannot be changed")
             bs.update_version_txn(t, user_id, number, auth_data)
 
         await self.db.run_interaction(txn)
@@ -150,7 +142,7 @@ class KeyBackup:
             if current is None:
                 raise _no_backup()
             if current[0] != number:
-                raise WrongBackupVersion(current[0])
+                raise WrongRoomKeysVersionError(current_version=current[0])
             changed = False
             for room_id, session_id, quality, data in sessions:
                 stored = bs.get_session_quality_txn(t, user_id, number, room_id, session_id)
@@ -206,11 +198,11 @@ def sessions_json(stored: list[bs.StoredSession]) -> dict[str, Any]:
 def parse_rooms(body: Mapping[str, Any]) -> list[SessionUpload]:
     rooms = body.get("rooms")
     if not isinstance(rooms, dict):
-        raise MatrixError(400, Codes.BAD_JSON, "rooms must be an object")
+        raise BadJsonError("rooms must be an object")
     uploads: list[SessionUpload] = []
     for room_id, room in rooms.items():
         if not isinstance(room, dict):
-            raise MatrixError(400, Codes.BAD_JSON, "each room must be an object")
+            raise BadJsonError("each room must be an object")
         uploads.extend(parse_sessions(room_id, room))
     return uploads
 
@@ -218,5 +210,5 @@ def parse_rooms(body: Mapping[str, Any]) -> list[SessionUpload]:
 def parse_sessions(room_id: str, body: Mapping[str, Any]) -> list[SessionUpload]:
     sessions = body.get("sessions")
     if not isinstance(sessions, dict):
-        raise MatrixError(400, Codes.BAD_JSON, "sessions must be an object")
+        raise BadJsonError("sessions must be an object")
     return [(room_id, sid, *parse_session(data)) for sid, data in sessions.items()]

@@ -27,7 +27,14 @@ from roomstream.e2e.signatures import (
     cross_signing_public_key,
     has_valid_signature,
 )
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import (
+    BadJsonError,
+    BadRequestError,
+    Codes,
+    InvalidParamError,
+    MissingParamError,
+    UnrecognizedRequestError,
+)
 from roomstream.storage import Database, Transaction
 from roomstream.streams import StreamIdGenerator
 
@@ -55,14 +62,14 @@ def _key_rows(keys: Any, what: str) -> list[dk.KeyRow]:
     if keys is None:
         return []
     if not isinstance(keys, dict):
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{what} must be an object")
+        raise InvalidParamError(f"{what} must be an object")
     rows = []
     for name, key in keys.items():
         algorithm, sep, key_id = name.partition(":")
         if not sep or not algorithm or not key_id or len(name) > MAX_KEY_ID:
-            raise MatrixError(400, Codes.INVALID_PARAM, f"{what}: bad key name {name[:80]!r}")
+            raise InvalidParamError(f"{what}: bad key name {name[:80]!r}")
         if not isinstance(key, dict | str):
-            raise MatrixError(400, Codes.INVALID_PARAM, f"{what}: {name} must be a key")
+            raise InvalidParamError(f"{what}: {name} must be a key")
         rows.append((algorithm, key_id, orjson.dumps(key).decode()))
     return rows
 
@@ -124,8 +131,8 @@ class E2eKeys:
             if op == "upload_signatures":
                 return await self.upload_signatures(str(args["user_id"]), dict(args["body"]))
         except (KeyError, TypeError, ValueError):
-            raise MatrixError(400, Codes.BAD_JSON, f"bad arguments for {op}") from None
-        raise MatrixError(400, Codes.UNRECOGNIZED, f"unknown e2e keys operation {op[:40]!r}")
+            raise BadJsonError(f"bad arguments for {op}") from None
+        raise UnrecognizedRequestError(f"unknown e2e keys operation {op[:40]!r}")
 
     # -- the device_lists stream -------------------------------------------------------
 
@@ -141,9 +148,7 @@ class E2eKeys:
         """Run ``func`` (returning (users whose device lists changed, result)) in one
         transaction with the ``device_lists`` row it calls for."""
         if not self.stream.is_writer():
-            raise MatrixError(
-                400, Codes.UNKNOWN, f"{self.stream.instance_name} does not write device_lists"
-            )
+            raise BadRequestError(f"{self.stream.instance_name} does not write device_lists")
         instance = self.stream.instance_name
 
         def txn(t: Transaction, ids: list[int]) -> R:
@@ -208,15 +213,11 @@ class E2eKeys:
                     dk.put_device_keys_txn(t, user_id, device_id, keys)
                     changed.add(user_id)
                 elif _strip(stored) != _strip(keys):
-                    raise MatrixError(
-                        400, Codes.INVALID_PARAM, "this device already has different keys"
-                    )
+                    raise InvalidParamError("this device already has different keys")
             conflicts = dk.put_one_time_keys_txn(t, user_id, device_id, otks)
             if conflicts:
                 algorithm, key_id, _ = conflicts[0]
-                raise MatrixError(
-                    400, Codes.INVALID_PARAM, f"one-time key {algorithm}:{key_id} already exists"
-                )
+                raise InvalidParamError(f"one-time key {algorithm}:{key_id} already exists")
             dk.put_fallback_keys_txn(t, user_id, device_id, fallbacks)
             return changed, dk.one_time_key_counts_txn(t, user_id, device_id)
 
@@ -336,7 +337,7 @@ class E2eKeys:
                 await self._check_password(user_id, auth)
         master_key = master if master is not None else current.get("master")
         if master_key is None and uploaded:
-            raise MatrixError(400, Codes.MISSING_PARAM, "no master key uploaded")
+            raise MissingParamError("no master key uploaded")
         signer = None if master_key is None else cross_signing_public_key(master_key)
         for kind in ("self_signing_key", "user_signing_key"):
             if kind in uploaded:
@@ -379,7 +380,7 @@ class E2eKeys:
             changed: set[str] = set()
             for user_id, objects in body.items():
                 if not isinstance(objects, dict):
-                    raise MatrixError(400, Codes.INVALID_PARAM, "expected user -> key -> object")
+                    raise InvalidParamError("expected user -> key -> object")
                 devices = dk.device_keys_of_txn(t, user_id, None)
                 cross = xs.cross_signing_keys_txn(t, user_id)
                 by_public = {cross_signing_public_key(k)[1]: k for k in cross.values()}
@@ -389,14 +390,14 @@ class E2eKeys:
                         fail(user_id, target, Codes.NOT_FOUND, "unknown key")
                         continue
                     if not isinstance(signed, dict) or _strip(signed) != _strip(stored):
-                        fail(user_id, target, "M_INVALID_SIGNATURE", "key does not match")
+                        fail(user_id, target, Codes.INVALID_SIGNATURE, "key does not match")
                         continue
                     all_signatures = signed.get("signatures")
                     mine = (
                         all_signatures.get(requester) if isinstance(all_signatures, dict) else None
                     )
                     if not isinstance(mine, dict) or not mine:
-                        fail(user_id, target, "M_INVALID_SIGNATURE", "no signature")
+                        fail(user_id, target, Codes.INVALID_SIGNATURE, "no signature")
                         continue
                     for signer_key_id, signature in mine.items():
                         signer_public = signer_keys.get(signer_key_id)
@@ -406,7 +407,7 @@ class E2eKeys:
                             signer_key_id,
                             signer_public,
                         ):
-                            fail(user_id, target, "M_INVALID_SIGNATURE", "invalid signature")
+                            fail(user_id, target, Codes.INVALID_SIGNATURE, "invalid signature")
                             continue
                         xs.put_signature_txn(
                             t, requester, signer_key_id, user_id, target, str(signature)

@@ -15,7 +15,7 @@ from signedjson.key import decode_verify_key_bytes
 from signedjson.sign import SignatureVerifyException, verify_signed_json
 from unpaddedbase64 import decode_base64
 
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError, MatrixError
 
 __all__ = [
     "CROSS_SIGNING_USAGES",
@@ -34,7 +34,7 @@ CROSS_SIGNING_USAGES = {
 
 
 def _invalid(message: str) -> MatrixError:
-    return MatrixError(400, Codes.INVALID_PARAM, message)
+    return InvalidParamError(message)
 
 
 def has_valid_signature(

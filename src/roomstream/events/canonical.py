@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import canonicaljson
 import orjson
 
-from roomstream.errors import BadEventError, Codes
+from roomstream.errors import EventNotJsonError, MalformedEventError
 
 #: Largest and smallest integers canonical JSON allows.
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -55,7 +55,7 @@ class _Reject(Exception):
 
 
 def _bad(message: str) -> NoReturn:
-    raise BadEventError(Codes.BAD_JSON, message)
+    raise MalformedEventError(message)
 
 
 def check_json_value(value: object, *, local: bool = False) -> None:
@@ -201,13 +201,13 @@ def _decode_slow(raw: bytes) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise BadEventError(Codes.NOT_JSON, f"body is not valid UTF-8: {e.reason}") from None
+        raise EventNotJsonError(f"body is not valid UTF-8: {e.reason}") from None
     try:
         value = _STRICT_DECODER.decode(text)
     except _Reject as e:
         _bad(str(e))
     except json.JSONDecodeError as e:
-        raise BadEventError(Codes.NOT_JSON, f"invalid JSON: {e}") from None
+        raise EventNotJsonError(f"invalid JSON: {e}") from None
     except RecursionError:
         _bad(f"JSON nested deeper than {MAX_NESTING_DEPTH} levels")
     except ValueError as e:

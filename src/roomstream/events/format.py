@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from roomstream.errors import BadEventError, Codes
+from roomstream.errors import BadEventError, EventTooLargeError, MalformedEventError
 from roomstream.events.canonical import (
     check_json_value,
     decode_json_object,
@@ -67,7 +67,7 @@ _SERVER_NAME_RE = re.compile(r"(?:\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.\-]{1,255})
 _HASH_ID_BODY_RE = re.compile(r"[A-Za-z0-9_\-]{43}")
 
 
-class ContentHashMismatchError(BadEventError):
+class ContentHashMismatchError(MalformedEventError):
     """The event's ``hashes.sha256`` does not match its content.
 
     ``redacted_event`` is the event as the spec says a receiver should use it instead:
@@ -76,12 +76,12 @@ class ContentHashMismatchError(BadEventError):
     """
 
     def __init__(self, message: str, redacted_event: Event) -> None:
-        super().__init__(Codes.BAD_JSON, message)
+        super().__init__(message)
         self.redacted_event = redacted_event
 
 
 def _bad(message: str) -> BadEventError:
-    return BadEventError(Codes.BAD_JSON, message)
+    return MalformedEventError(message)
 
 
 def _byte_len(s: str) -> int:
@@ -91,7 +91,7 @@ def _byte_len(s: str) -> int:
 
 def _check_length(name: str, value: str) -> None:
     if _byte_len(value) > MAX_KEY_BYTES:
-        raise BadEventError(Codes.TOO_LARGE, f"'{name}' is longer than {MAX_KEY_BYTES} bytes")
+        raise EventTooLargeError(f"'{name}' is longer than {MAX_KEY_BYTES} bytes")
 
 
 def is_valid_server_name(server_name: str) -> bool:
@@ -238,12 +238,12 @@ def parse_pdu(
     """
     raw = bytes(raw)
     if len(raw) > MAX_RAW_PDU_BYTES:
-        raise BadEventError(Codes.TOO_LARGE, f"PDU is larger than {MAX_PDU_SIZE} bytes")
+        raise EventTooLargeError(f"PDU is larger than {MAX_PDU_SIZE} bytes")
     data = decode_json_object(raw)
     # Canonical JSON is never longer than the received encoding, so only long inputs
     # need re-encoding to measure.
     if len(raw) > MAX_PDU_SIZE and len(encode_canonical_json_fast(data)) > MAX_PDU_SIZE:
-        raise BadEventError(Codes.TOO_LARGE, f"PDU is larger than {MAX_PDU_SIZE} bytes")
+        raise EventTooLargeError(f"PDU is larger than {MAX_PDU_SIZE} bytes")
     validate_pdu_fields(data, room_version)
 
     event_id = compute_event_id(data, room_version)
@@ -331,7 +331,7 @@ def finalise_local_event(
     sign_event(data, server_name, signing_key, room_version=room_version)
     raw = encode_canonical_json_fast(data)
     if len(raw) > MAX_PDU_SIZE:
-        raise BadEventError(Codes.TOO_LARGE, f"event is larger than {MAX_PDU_SIZE} bytes")
+        raise EventTooLargeError(f"event is larger than {MAX_PDU_SIZE} bytes")
     # Re-parse so that data is exactly raw parsed (tuples become lists, nothing is
     # shared with the caller's dicts).
     parsed: dict[str, Any] = orjson.loads(raw)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from roomstream.errors import BadEventError, Codes
+from roomstream.errors import UnsupportedRoomVersionError
 
 
 class StateResolutionAlgorithm(Enum):
@@ -44,4 +44,4 @@ def room_version(identifier: object) -> RoomVersion:
     """Look up a room version, or fail with ``M_UNSUPPORTED_ROOM_VERSION``."""
     if isinstance(identifier, str) and identifier in KNOWN_ROOM_VERSIONS:
         return KNOWN_ROOM_VERSIONS[identifier]
-    raise BadEventError(Codes.UNSUPPORTED_ROOM_VERSION, f"unsupported room version {identifier!r}")
+    raise UnsupportedRoomVersionError(f"unsupported room version {identifier!r}")

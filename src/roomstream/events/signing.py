@@ -42,13 +42,12 @@ from signedjson.key import (
 from signedjson.sign import SignatureVerifyException, sign_json, verify_signed_json
 from signedjson.types import SigningKey, VerifyKey
 
-from roomstream.errors import BadEventError, Codes
+from roomstream.errors import EventSignatureError
 from roomstream.events.model import Event
 from roomstream.events.redaction import redact
 from roomstream.events.room_versions import RoomVersion
 
 __all__ = [
-    "EventSignatureError",
     "SigningKey",
     "VerifyKey",
     "VerifyKeys",
@@ -186,13 +185,6 @@ def verify_event_signature(
 
 VerifyKeys = Mapping[str, Mapping[str, VerifyKey]]
 """Known verify keys: server name -> key ID (``ed25519:...``) -> key."""
-
-
-class EventSignatureError(BadEventError):
-    """A received event lacks a valid signature from a server that must sign it."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(Codes.UNAUTHORIZED, message)
 
 
 def _server_of(user_id: object) -> str | None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import orjson
 from pyspark import Broadcast
 
-from roomstream.errors import BadEventError, Codes
+from roomstream.errors import BadEventError, Codes, EventSignatureError
 from roomstream.events.format import ContentHashMismatchError, parse_pdu
 from roomstream.events.hashing import compute_event_id, room_id_from_create_event_id
 from roomstream.events.model import Event
@@ -48,7 +48,7 @@ from roomstream.events.room_versions import (
     RoomVersion,
     room_version,
 )
-from roomstream.events.signing import EventSignatureError, VerifyKeys, check_event_signatures
+from roomstream.events.signing import VerifyKeys, check_event_signatures
 from roomstream.rooms.keys import KeyMap, verify_keys_of
 from roomstream.rooms.persist import EventPersister, PersistedEvent, topological_order
 from roomstream.rooms.store import EventStore

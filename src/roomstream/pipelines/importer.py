@@ -61,6 +61,7 @@ from typing import Any, cast
 from pyspark import RDD, StorageLevel
 from pyspark.sql import SparkSession
 
+from roomstream.errors import Codes
 from roomstream.pipelines.import_load import (
     MAX_SQLITE_PARTS,
     Blocks,
@@ -730,7 +731,7 @@ def import_cli(
         f" rooms already in the target {report.existing_rooms:,}, events already stored"
         f" {report.already_stored:,}; stream orderings {report.stream_orderings}"
     )
-    unsigned = sum(1 for i in report.issues if i.reason.startswith("M_UNAUTHORIZED"))
+    unsigned = sum(1 for i in report.issues if i.reason.startswith(Codes.UNAUTHORIZED))
     if unsigned:
         hint = f"{unsigned:,} lines lack a signature by a known key"
         sibling = path + ".keys.json"

@@ -8,7 +8,9 @@
 - :mod:`~roomstream.reading.reader`: :class:`RoomReader`, the reads (new events since a
   token, latest events of the latest rooms, pagination, context, members, events).
 
-No HTTP here: the Client-Server API serves these.
+No HTTP here: the Client-Server API serves these. Refusals are the named errors of
+:mod:`roomstream.errors` (``NotFoundError``, ``ForbiddenError``, ``InvalidParamError``);
+only :func:`roomstream.httpbase.matrix_error_middleware` turns them into answers.
 """
 
 from roomstream.reading.format import ClientEvent, client_event, encode_client_event

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
 from roomstream.events.model import Event
 from roomstream.reading.format import (
     ClientEvent,
@@ -418,7 +418,7 @@ class RoomReader:
         ``M_NOT_FOUND`` if the room has no such timeline event."""
         row = await self.db.run_interaction(_timeline_row_txn, event_id)
         if row is None or row[0] != room_id:
-            raise MatrixError(404, Codes.NOT_FOUND, f"no event {event_id} in {room_id}")
+            raise NotFoundError(f"no event {event_id} in {room_id}")
         return RoomPosition.of_event(row[1].topo, row[1].stream)
 
     # -- change caches ---------------------------------------------------------------
@@ -711,7 +711,7 @@ class RoomReader:
         """
         _check_limit(event_limit)
         if room_limit < 1:
-            raise MatrixError(400, Codes.INVALID_PARAM, "room_limit must be at least 1")
+            raise InvalidParamError("room_limit must be at least 1")
         token = _token if _token is not None else await self._ingest()
         users_rooms = await self._rooms_for_user(user_id)
         # The change cache knows the latest event of every room that changed since it
@@ -859,7 +859,7 @@ class RoomReader:
         paginating on from it gets an empty page without ``end`` when nothing did."""
         _check_limit(limit)
         if direction not in ("b", "f"):
-            raise MatrixError(400, Codes.INVALID_PARAM, "direction must be 'b' or 'f'")
+            raise InvalidParamError("direction must be 'b' or 'f'")
         backwards = direction == "b"
         rows, loaded = await self.db.run_interaction(
             self._paginate_txn, user_id, room_id, from_token, backwards, limit, to_token,
@@ -976,14 +976,14 @@ class RoomReader:
         ``403 M_FORBIDDEN`` if it has but the user may not see it (as Synapse)."""
         for n in (before, after):
             if n < 0 or n > MAX_LIMIT:
-                raise MatrixError(400, Codes.INVALID_PARAM, f"limit must be 0..{MAX_LIMIT}")
+                raise InvalidParamError(f"limit must be 0..{MAX_LIMIT}")
         raw = await self.db.run_interaction(
             self._context_txn, user_id, room_id, event_id, before, after, device_id
         )
         if raw is None:
-            raise MatrixError(404, Codes.NOT_FOUND, "event not found")
+            raise NotFoundError("event not found")
         if raw == "hidden":
-            raise MatrixError(403, Codes.FORBIDDEN, "you may not see that event")
+            raise ForbiddenError("you may not see that event")
         row, before_rows, after_rows, state_ids, loaded = raw
         self._complete(loaded)
         now = self._now()
@@ -1053,7 +1053,7 @@ class RoomReader:
         to the member events of ``users`` (lazy-loading members of ``/messages``)."""
         raw = await self.db.run_interaction(self._members_txn, user_id, room_id, at, users)
         if raw is None:
-            raise MatrixError(403, Codes.FORBIDDEN, "you may not see the members of this room")
+            raise ForbiddenError("you may not see the members of this room")
         member_ids, loaded = raw
         self._complete(loaded)
         now = self._now()
@@ -1138,7 +1138,7 @@ class RoomReader:
         otherwise, and for a room this server does not know."""
         raw = await self.db.run_interaction(self._room_state_txn, user_id, room_id)
         if raw is None:
-            raise MatrixError(403, Codes.FORBIDDEN, f"user {user_id} may not see room {room_id}")
+            raise ForbiddenError(f"user {user_id} may not see room {room_id}")
         membership, member_event, state_ids, loaded = raw
         self._complete(loaded)
         return RoomStateView(
@@ -1427,7 +1427,7 @@ MAX_LIMIT = 1000
 
 def _check_limit(limit: int) -> None:
     if limit < 1 or limit > MAX_LIMIT:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"limit must be 1..{MAX_LIMIT}")
+        raise InvalidParamError(f"limit must be 1..{MAX_LIMIT}")
 
 
 def _timeline_row_txn(txn: Transaction, event_id: str) -> tuple[str, _Row] | None:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import InvalidParamError
 
 __all__ = [
     "EventsToken",
@@ -36,11 +36,9 @@ __all__ = [
 ]
 
 
-class InvalidTokenError(MatrixError):
-    """A token that this server did not hand out (or that is malformed)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(400, Codes.INVALID_PARAM, message)
+class InvalidTokenError(InvalidParamError):
+    """A token that this server did not hand out (or that is malformed): 400
+    ``M_INVALID_PARAM``."""
 
 
 _INT = r"-?[0-9]{1,19}"

@@ -69,18 +69,30 @@ from aiohttp import web
 
 from roomstream import exactjson
 from roomstream.config import Config
-from roomstream.errors import Codes, MatrixError, ServiceUnavailableError
+from roomstream.errors import (
+    BadJsonError,
+    Codes,
+    InvalidParamError,
+    MatrixError,
+    MissingParamError,
+    NotFoundError,
+    ServiceUnavailableError,
+    StreamRowsGoneError,
+    UnrecognizedRequestError,
+    WrongWriterError,
+)
 from roomstream.httpbase import (
     bearer_auth_middleware,
     error_response,
     exact_json_content_type,
+    http_metrics_middleware,
     json_response,
     matrix_error_middleware,
     parse_json_object,
     read_json,
 )
 from roomstream.listener import HttpListener
-from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
+from roomstream.metrics import CONTENT_TYPE_LATEST
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
@@ -103,10 +115,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PREFIX = "/_roomstream/replication"
-#: errcode for "the writer no longer holds those rows".
-STREAM_TOO_OLD = "IO.ROOMSTREAM.STREAM_TOO_OLD"
-#: errcode for "this instance does not own the room" (after one forward).
-WRONG_WRITER = "IO.ROOMSTREAM.WRONG_WRITER"
 FORWARDED_HEADER = "X-Roomstream-Forwarded"
 MAX_BODY = 64 * 1024
 MAX_LIMIT = 10_000
@@ -122,11 +130,11 @@ def _int_param(request: web.Request, name: str, default: int | None = None) -> i
     raw = request.query.get(name)
     if raw is None:
         if default is None:
-            raise MatrixError(400, Codes.MISSING_PARAM, f"missing query parameter {name}")
+            raise MissingParamError(f"missing query parameter {name}")
         return default
     digits = raw[1:] if raw.startswith("-") else raw
     if not digits.isascii() or not digits.isdigit() or len(raw) > 20:
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be an integer")
+        raise InvalidParamError(f"{name} must be an integer")
     return int(raw)
 
 
@@ -145,9 +153,9 @@ def _field(body: dict[str, Any], name: str, kind: type[T], *, optional: bool = F
     if value is None:
         if optional:
             return None  # type: ignore[return-value]
-        raise MatrixError(400, Codes.MISSING_PARAM, f"{name} is required")
+        raise MissingParamError(f"{name} is required")
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise MatrixError(400, Codes.BAD_JSON, f"{name} must be a {kind.__name__}")
+        raise BadJsonError(f"{name} must be a {kind.__name__}")
     return value
 
 
@@ -158,7 +166,7 @@ def _identifier_field(
     ``sigil``."""
     value = _field(body, name, str, optional=optional)
     if value is not None and (not _is_identifier(value) or not value.startswith(sigil)):
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} is not a valid ID: {value[:300]!r}")
+        raise InvalidParamError(f"{name} is not a valid ID: {value[:300]!r}")
     return value
 
 
@@ -295,49 +303,47 @@ class InternalHttpServer(HttpListener):
     async def _updates(self, request: web.Request) -> web.Response:
         stream_name = request.match_info["stream"]
         if stream_name not in STREAMS:
-            raise MatrixError(404, Codes.NOT_FOUND, f"unknown stream {stream_name}")
+            raise NotFoundError(f"unknown stream {stream_name}")
         memory = self._memory.get(stream_name)
         if memory is None:
-            raise MatrixError(
-                404, Codes.NOT_FOUND, f"{self.config.instance_name} holds no {stream_name} rows"
-            )
+            raise NotFoundError(f"{self.config.instance_name} holds no {stream_name} rows")
         writer = request.query.get("writer", self.config.instance_name)
         if writer != self.config.instance_name:
-            raise MatrixError(400, Codes.INVALID_PARAM, f"this is {self.config.instance_name}")
+            raise InvalidParamError(f"this is {self.config.instance_name}")
         from_token = _int_param(request, "from")
         upto = _int_param(request, "upto", memory.token)
         limit = _int_param(request, "limit", 1000)
         if not 1 <= limit <= MAX_LIMIT:
-            raise MatrixError(400, Codes.INVALID_PARAM, f"limit must be in 1..{MAX_LIMIT}")
+            raise InvalidParamError(f"limit must be in 1..{MAX_LIMIT}")
         try:
             updates, new_upto, limited = memory.get_updates(from_token, upto, limit)
         except StreamTooOldError as exc:
-            raise MatrixError(410, STREAM_TOO_OLD, str(exc)) from None
+            raise StreamRowsGoneError(str(exc)) from None
         body = {"updates": [[t, r] for t, r in updates], "upto": new_upto, "limited": limited}
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     async def _send(self, request: web.Request) -> web.Response:
         room_id = request.match_info["room_id"]
         if not room_id.startswith("!") or not _is_identifier(room_id):
-            raise MatrixError(400, Codes.INVALID_PARAM, f"not a room ID: {room_id[:300]!r}")
+            raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
         body = await read_json(request)
         sender, event_type = body.get("sender"), body.get("type")
         content, state_key = body.get("content", {}), body.get("state_key")
         if not isinstance(sender, str) or not isinstance(event_type, str):
-            raise MatrixError(400, Codes.MISSING_PARAM, "sender and type (strings) are required")
+            raise MissingParamError("sender and type (strings) are required")
         if not _is_identifier(sender) or not _is_identifier(event_type):
-            raise MatrixError(400, Codes.INVALID_PARAM, "sender and type must be printable IDs")
+            raise InvalidParamError("sender and type must be printable IDs")
         if not isinstance(content, dict):
-            raise MatrixError(400, Codes.BAD_JSON, "content must be an object")
+            raise BadJsonError("content must be an object")
         if state_key is not None and not isinstance(state_key, str):
-            raise MatrixError(400, Codes.BAD_JSON, "state_key must be a string")
+            raise BadJsonError("state_key must be a string")
         if state_key is not None and "\x00" in state_key:
-            raise MatrixError(400, Codes.INVALID_PARAM, "state_key must not contain NUL")
+            raise InvalidParamError("state_key must not contain NUL")
         redacts = _identifier_field(body, "redacts", sigil="$", optional=True)
         owner = writer_for_room(room_id, self.config.writers_of("events"))
         if owner != self.config.instance_name or self._send_event is None:
             if request.headers.get(FORWARDED_HEADER) or self._client is None:
-                raise MatrixError(421, WRONG_WRITER, f"{room_id} is written by {owner}")
+                raise WrongWriterError(f"{room_id} is written by {owner}")
             result = await self._client.send_event(
                 room_id, sender, event_type, content, state_key, redacts=redacts, forwarded=True
             )
@@ -347,11 +353,11 @@ class InternalHttpServer(HttpListener):
 
     async def _create(self, request: web.Request) -> web.Response:
         if self._create_room is None:
-            raise MatrixError(400, Codes.UNRECOGNIZED, "this instance does not write events")
+            raise UnrecognizedRequestError("this instance does not write events")
         body = await read_json(request)
         creator, name = body.get("creator"), body.get("name")
         if not isinstance(creator, str) or (name is not None and not isinstance(name, str)):
-            raise MatrixError(400, Codes.MISSING_PARAM, "creator (a string) is required")
+            raise MissingParamError("creator (a string) is required")
         room_id = await self._create_room(creator, name)
         return json_response({"room_id": room_id})
 
@@ -360,9 +366,7 @@ class InternalHttpServer(HttpListener):
         caller's configuration disagrees; no second hop)."""
         writers = self.config.writers_of(stream_name)
         if self._client_writes is None or self.config.instance_name not in writers:
-            raise MatrixError(
-                421,
-                WRONG_WRITER,
+            raise WrongWriterError(
                 f"{self.config.instance_name} does not write {stream_name}"
                 f" (its writers: {', '.join(writers)})",
             )
@@ -381,7 +385,7 @@ class InternalHttpServer(HttpListener):
         room_id = _identifier_field(body, "room_id", sigil="!")
         owner = writer_for_room(room_id, self.config.writers_of("events"))
         if owner != self.config.instance_name:
-            raise MatrixError(421, WRONG_WRITER, f"{room_id} is written by {owner}")
+            raise WrongWriterError(f"{room_id} is written by {owner}")
         event_id = await writes.send_once(
             room_id,
             _identifier_field(body, "user_id", sigil="@"),
@@ -431,10 +435,10 @@ class InternalHttpServer(HttpListener):
         messages = _field(body, "messages", dict)
         for user_id, by_device in messages.items():
             if not _is_identifier(user_id) or not isinstance(by_device, dict):
-                raise MatrixError(400, Codes.BAD_JSON, "messages: user -> device -> object")
+                raise BadJsonError("messages: user -> device -> object")
             for device_id, content in by_device.items():
                 if not _is_identifier(device_id) or not isinstance(content, dict):
-                    raise MatrixError(400, Codes.BAD_JSON, "messages: user -> device -> object")
+                    raise BadJsonError("messages: user -> device -> object")
         transaction = None
         if body.get("txn_id") is not None:
             transaction = (
@@ -454,7 +458,7 @@ class InternalHttpServer(HttpListener):
         body = await read_json(request)
         timeout = _field(body, "timeout", int)
         if not 0 <= timeout <= 2**53:
-            raise MatrixError(400, Codes.INVALID_PARAM, "timeout must be a non-negative integer")
+            raise InvalidParamError("timeout must be a non-negative integer")
         await writes.set_typing(
             _identifier_field(body, "room_id", sigil="!"),
             _identifier_field(body, "user_id", sigil="@"),
@@ -558,7 +562,7 @@ class InternalHttpClient:
         if status >= 500:
             status = 502
         if isinstance(payload, dict) and "errcode" in payload:
-            if payload["errcode"] == STREAM_TOO_OLD:
+            if payload["errcode"] == Codes.STREAM_TOO_OLD:
                 raise StreamTooOldHttpError(str(payload.get("error")))
             raise MatrixError(status, str(payload["errcode"]), str(payload.get("error")))
         raise MatrixError(status, Codes.UNKNOWN, f"HTTP {resp.status} from {instance_name}")

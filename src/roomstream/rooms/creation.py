@@ -15,7 +15,7 @@ from typing import Any
 
 from signedjson.types import SigningKey
 
-from roomstream.errors import AuthError, Codes, MatrixError
+from roomstream.errors import AuthError, InvalidParamError, NotFoundError
 from roomstream.events.auth import (
     REDACTION,
     auth_types_for_event,
@@ -77,15 +77,13 @@ class LocalEventCreator:
         ``transaction``: the client's (user, device, transaction ID), stored with the
         event in its one write transaction."""
         if not sender.endswith(":" + self.server_name):
-            raise MatrixError(400, Codes.INVALID_PARAM, f"{sender} is not a local user")
+            raise InvalidParamError(f"{sender} is not a local user")
         persister = self.persister
         async with persister.room_lock(room_id):
             version, extremities, current = await persister.get_room_state(room_id)
             if event_type == "m.room.create":
                 # A room has exactly one create event, made by create_room.
-                raise MatrixError(
-                    400,
-                    Codes.INVALID_PARAM,
+                raise InvalidParamError(
                     f"{room_id} exists: it cannot get another m.room.create",
                 )
             prevs = sorted(extremities)[:MAX_PREV_EVENTS]
@@ -145,13 +143,11 @@ class LocalEventCreator:
             return  # redacts nothing (the format checks require it where it matters)
         target = (await self.persister.get_events([target_id])).get(target_id)
         if target is not None and target.room_id != redaction.room_id:
-            raise MatrixError(
-                400, Codes.INVALID_PARAM, f"{target_id} is not an event of {redaction.room_id}"
-            )
+            raise InvalidParamError(f"{target_id} is not an event of {redaction.room_id}")
         if holds_redact_level(redaction.sender, auth_events):
             return
         if target is None:
-            raise MatrixError(404, Codes.NOT_FOUND, f"unknown event {target_id}")
+            raise NotFoundError(f"unknown event {target_id}")
         if not redaction_applies(redaction, target, auth_events, local_server=self.server_name):
             raise AuthError(
                 f"{redaction.sender} may not redact {target_id}: only its sender, or a"
@@ -174,7 +170,7 @@ class LocalEventCreator:
         ``room_version`` and, before v11, ``creator`` keys are the server's)."""
         version = room_version(version) if isinstance(version, str) else version
         if not creator.endswith(":" + self.server_name):
-            raise MatrixError(400, Codes.INVALID_PARAM, f"{creator} is not a local user")
+            raise InvalidParamError(f"{creator} is not a local user")
         create_content: dict[str, Any] = {
             k: v for k, v in (creation_content or {}).items() if k != "creator"
         }

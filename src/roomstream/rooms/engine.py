@@ -12,7 +12,11 @@ import orjson
 from signedjson.types import SigningKey
 
 from roomstream.config import Config
-from roomstream.errors import BadEventError, Codes
+from roomstream.errors import (
+    EventNotJsonError,
+    EventRoomUnknownError,
+    MalformedEventError,
+)
 from roomstream.events.format import ContentHashMismatchError, parse_pdu, room_id_for_create_event
 from roomstream.events.model import Event
 from roomstream.events.room_versions import RoomVersion, room_version
@@ -168,12 +172,12 @@ class RoomEngine:
     ) -> RoomVersion:
         room_id = data.get("room_id")
         if not isinstance(room_id, str):
-            raise BadEventError(Codes.BAD_JSON, "PDU has no room_id")
+            raise MalformedEventError("PDU has no room_id")
         version = await self.store.get_room_version(room_id)
         if version is None:
             version = new_rooms.get(room_id)
         if version is None:
-            raise BadEventError(Codes.NOT_FOUND, f"unknown room {room_id}")
+            raise EventRoomUnknownError(f"unknown room {room_id}")
         return version
 
     async def _version_for(self, raw: bytes) -> RoomVersion:
@@ -188,16 +192,16 @@ def _decode(raw: bytes) -> dict[str, object]:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise BadEventError(Codes.NOT_JSON, f"invalid JSON: {exc}") from exc
+        raise EventNotJsonError(f"invalid JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise BadEventError(Codes.BAD_JSON, "a PDU must be a JSON object")
+        raise MalformedEventError("a PDU must be a JSON object")
     return data
 
 
 def _create_version(data: dict[str, object]) -> RoomVersion:
     content = data.get("content")
     if not isinstance(content, dict):
-        raise BadEventError(Codes.BAD_JSON, "'content' must be an object")
+        raise MalformedEventError("'content' must be an object")
     return room_version(content.get("room_version", "1"))
 
 

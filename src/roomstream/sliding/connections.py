@@ -22,15 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roomstream.errors import MatrixError
+from roomstream.errors import UnknownPosError
 
 __all__ = ["Connection", "ConnectionStore", "RoomSent", "Snapshot", "unknown_pos"]
 
-UNKNOWN_POS = "M_UNKNOWN_POS"
 
-
-def unknown_pos(message: str = "unknown or expired pos; start a new connection") -> MatrixError:
-    return MatrixError(400, UNKNOWN_POS, message)
+def unknown_pos(
+    message: str = "unknown or expired pos; start a new connection",
+) -> UnknownPosError:
+    return UnknownPosError(message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from roomstream.errors import Codes, MatrixError
+from roomstream.errors import BadJsonError, InvalidParamError
 
 __all__ = [
     "MAX_LISTS",
@@ -39,8 +39,8 @@ ME = "$ME"
 _MAX_ID = 255
 
 
-def _bad(message: str) -> MatrixError:
-    return MatrixError(400, Codes.INVALID_PARAM, message)
+def _bad(message: str) -> InvalidParamError:
+    return InvalidParamError(message)
 
 
 def _string(value: Any, what: str, *, max_length: int = _MAX_ID) -> str:
@@ -316,7 +316,7 @@ def parse_request(body: Any, query: Mapping[str, str]) -> SlidingRequest:
     """The request from its JSON body and query string (Synapse, and the clients built on
     it, put ``pos`` and ``timeout`` in the query; the proposal puts them in the body)."""
     if not isinstance(body, dict):
-        raise MatrixError(400, Codes.BAD_JSON, "the request body must be a JSON object")
+        raise BadJsonError("the request body must be a JSON object")
     conn_id = body.get("conn_id", "")
     if conn_id is None:
         conn_id = ""
