@@ -1,0 +1,44 @@
+"""The ``receipts`` section: ``m.receipt`` ephemeral events of joined rooms, from the
+``receipts`` stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Self
+
+from roomstream.client.sync_sections.base import SyncContext, SyncSection, SyncServices, room_key
+from roomstream.client.userdata import UserData
+from roomstream.streams.rows import ReceiptsRow
+
+__all__ = ["ReceiptsSection"]
+
+
+class ReceiptsSection(SyncSection):
+    name = "receipts"
+    stream = "receipts"
+
+    def __init__(self, userdata: UserData) -> None:
+        self.userdata = userdata
+
+    @classmethod
+    def from_services(cls, services: SyncServices) -> Self:
+        return cls(services.userdata)
+
+    @staticmethod
+    def wake_keys(row: Sequence[Any]) -> Iterable[str]:
+        return [room_key(str(ReceiptsRow.from_wire(row).room_id))]
+
+    def current_position(self) -> int:
+        return self.userdata.position(self.stream)
+
+    async def collect(self, ctx: SyncContext, since: int | None, upto: int) -> int:
+        since = 0 if ctx.initial or since is None else since
+        if upto <= since:
+            return upto
+        joined = await ctx.joined_rooms()
+        receipts = await self.userdata.receipts_since(joined, since, upto)
+        for room_id, content in receipts.items():
+            ctx.room_ephemeral.setdefault(room_id, []).append(
+                {"type": "m.receipt", "content": content}
+            )
+        return upto
