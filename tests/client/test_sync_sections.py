@@ -4,7 +4,7 @@ wake keys come from the sections and agree with a naive reading of each row form
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Self
 
 import pytest
@@ -87,7 +87,7 @@ class _Appended(SyncSection):
         return cls()
 
     @staticmethod
-    def wake_keys(row: Sequence[Any]) -> Iterable[str]:
+    def wake_keys(row: Sequence[Any]) -> list[str]:
         return []
 
     def current_position(self) -> int:

@@ -31,7 +31,7 @@ __all__ = ["Notifier", "Waiter", "keys_for_row"]
 logger = logging.getLogger(__name__)
 
 #: Which rows wake a sync, per stream: the sync sections' (backfill and caches never do).
-WakeKeys = Callable[[Sequence[Any]], Iterable[str]]
+WakeKeys = Callable[[Sequence[Any]], list[str]]
 
 
 def _wake_keys_by_stream() -> dict[str, WakeKeys]:
@@ -62,7 +62,7 @@ def keys_for_row(
     if keys_of is None:
         return []
     try:
-        return list(keys_of(row))
+        return keys_of(row)
     except (IndexError, TypeError, KeyError, ValueError, AttributeError):
         logger.warning("cannot tell whom a %s row concerns: %r", stream_name, row)
     return []

@@ -4,40 +4,28 @@ rooms section), from the ``account_data`` stream."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Self
+from collections.abc import Sequence
+from typing import Any
 
 from roomstream.client.filtering import EventFilter
 from roomstream.client.sync_sections.base import (
     SyncContext,
-    SyncSection,
-    SyncServices,
+    UserDataSection,
     events,
     user_key,
 )
-from roomstream.client.userdata import UserData
 from roomstream.streams.rows import AccountDataRow
 
 __all__ = ["AccountDataSection"]
 
 
-class AccountDataSection(SyncSection):
+class AccountDataSection(UserDataSection):
     name = "account_data"
     stream = "account_data"
 
-    def __init__(self, userdata: UserData) -> None:
-        self.userdata = userdata
-
-    @classmethod
-    def from_services(cls, services: SyncServices) -> Self:
-        return cls(services.userdata)
-
     @staticmethod
-    def wake_keys(row: Sequence[Any]) -> Iterable[str]:
+    def wake_keys(row: Sequence[Any]) -> list[str]:
         return [user_key(str(AccountDataRow.from_wire(row).user_id))]
-
-    def current_position(self) -> int:
-        return self.userdata.position(self.stream)
 
     async def collect(self, ctx: SyncContext, since: int | None, upto: int) -> int:
         since = 0 if ctx.initial or since is None else since

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -29,7 +29,15 @@ from roomstream.client.typing import TypingState
 from roomstream.client.userdata import UserData
 from roomstream.reading import RoomReader
 
-__all__ = ["SyncContext", "SyncSection", "SyncServices", "events", "room_key", "user_key"]
+__all__ = [
+    "SyncContext",
+    "SyncSection",
+    "SyncServices",
+    "UserDataSection",
+    "events",
+    "room_key",
+    "user_key",
+]
 
 _POSITION = re.compile(r"[0-9]{1,18}")
 
@@ -131,7 +139,7 @@ class SyncSection(ABC):
 
     @staticmethod
     @abstractmethod
-    def wake_keys(row: Sequence[Any]) -> Iterable[str]:
+    def wake_keys(row: Sequence[Any]) -> list[str]:
         """The users (:func:`user_key`) and rooms (:func:`room_key`) a wire row of
         ``stream`` concerns; raises TypeError/ValueError/IndexError on a malformed row."""
 
@@ -146,3 +154,18 @@ class SyncSection(ABC):
 
     async def finish(self, ctx: SyncContext) -> None:  # noqa: B027 (optional hook)
         """After every section collected (in registration order)."""
+
+
+class UserDataSection(SyncSection):
+    """A section over one of :class:`~roomstream.client.userdata.UserData`'s streams
+    (its ``stream``): positions are the stream's complete position."""
+
+    def __init__(self, userdata: UserData) -> None:
+        self.userdata = userdata
+
+    @classmethod
+    def from_services(cls, services: SyncServices) -> Self:
+        return cls(services.userdata)
+
+    def current_position(self) -> int:
+        return self.userdata.position(self.stream)

@@ -3,33 +3,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Self
+from collections.abc import Sequence
+from typing import Any
 
-from roomstream.client.sync_sections.base import SyncContext, SyncSection, SyncServices, room_key
-from roomstream.client.userdata import UserData
+from roomstream.client.sync_sections.base import SyncContext, UserDataSection, room_key
 from roomstream.streams.rows import ReceiptsRow
 
 __all__ = ["ReceiptsSection"]
 
 
-class ReceiptsSection(SyncSection):
+class ReceiptsSection(UserDataSection):
     name = "receipts"
     stream = "receipts"
 
-    def __init__(self, userdata: UserData) -> None:
-        self.userdata = userdata
-
-    @classmethod
-    def from_services(cls, services: SyncServices) -> Self:
-        return cls(services.userdata)
-
     @staticmethod
-    def wake_keys(row: Sequence[Any]) -> Iterable[str]:
+    def wake_keys(row: Sequence[Any]) -> list[str]:
         return [room_key(str(ReceiptsRow.from_wire(row).room_id))]
-
-    def current_position(self) -> int:
-        return self.userdata.position(self.stream)
 
     async def collect(self, ctx: SyncContext, since: int | None, upto: int) -> int:
         since = 0 if ctx.initial or since is None else since

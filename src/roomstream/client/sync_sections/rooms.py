@@ -9,7 +9,7 @@ with nothing to say from an incremental sync, and adds summaries and unread coun
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Self
 
@@ -61,16 +61,15 @@ class RoomsSection(SyncSection):
         return str(position.to_string())
 
     @staticmethod
-    def wake_keys(row: Sequence[Any]) -> Iterable[str]:
+    def wake_keys(row: Sequence[Any]) -> list[str]:
         """An event wakes its room's syncs (and, a membership event, its target's: the
         user may not be in the room yet); a state change wakes its room's."""
         decoded = events_row_from_wire(row)
-        keys = [room_key(str(decoded.room_id))]
-        if isinstance(decoded, EventRow):
-            member = decoded.member_user_id
+        if isinstance(decoded, EventRow) and decoded.type == "m.room.member":
+            member = decoded.state_key
             if member is not None:
-                keys.append(user_key(str(member)))
-        return keys
+                return [room_key(decoded.room_id), user_key(member)]
+        return [room_key(decoded.room_id)]
 
     def current_position(self) -> EventsToken:
         return self.reader.current_token()

@@ -4,13 +4,12 @@ deleted by the next sync that carries it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Self
+from collections.abc import Sequence
+from typing import Any
 
 from roomstream.client.sync_sections.base import (
     SyncContext,
-    SyncSection,
-    SyncServices,
+    UserDataSection,
     events,
     user_key,
 )
@@ -24,27 +23,20 @@ __all__ = ["ToDeviceSection"]
 MAX_CLEARED_DEVICES = 100_000
 
 
-class ToDeviceSection(SyncSection):
+class ToDeviceSection(UserDataSection):
     name = "to_device"
     stream = "to_device"
 
     def __init__(self, userdata: UserData) -> None:
-        self.userdata = userdata
+        super().__init__(userdata)
         #: (user, device) -> the to-device position up to which its inbox was cleared.
         self._cleared: dict[tuple[str, str], int] = {}
 
-    @classmethod
-    def from_services(cls, services: SyncServices) -> Self:
-        return cls(services.userdata)
-
     @staticmethod
-    def wake_keys(row: Sequence[Any]) -> Iterable[str]:
+    def wake_keys(row: Sequence[Any]) -> list[str]:
         # Rows for a remote server (federation outbox) wake nobody here.
         user_id = ToDeviceRow.from_wire(row).local_user_id
         return [] if user_id is None else [user_key(user_id)]
-
-    def current_position(self) -> int:
-        return self.userdata.position(self.stream)
 
     async def collect(self, ctx: SyncContext, since: int | None, upto: int) -> int:
         acknowledged = 0 if since is None else since

@@ -3,7 +3,7 @@ in-memory ``typing`` stream (:class:`~roomstream.client.typing.TypingState`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Self
 
 from roomstream.client.sync_sections.base import SyncContext, SyncSection, SyncServices, room_key
@@ -25,7 +25,7 @@ class TypingSection(SyncSection):
         return cls(services.typing)
 
     @staticmethod
-    def wake_keys(row: Sequence[Any]) -> Iterable[str]:
+    def wake_keys(row: Sequence[Any]) -> list[str]:
         return [room_key(str(TypingRow.from_wire(row).room_id))]
 
     def current_position(self) -> int:
