@@ -54,6 +54,7 @@ from roomstream.replication.http import InternalHttpClient
 from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.engine import RoomEngine
 from roomstream.streams import InMemoryStream, StreamIdGenerator
+from roomstream.streams.rows import TypingRow
 
 __all__ = ["ClientApi", "ClientProcess", "build_client_api"]
 
@@ -223,8 +224,8 @@ class ClientProcess:
         self, stream_name: str, writer: str, token: int, rows: Sequence[Any]
     ) -> None:
         if stream_name == "typing":
-            for row in rows:
-                self.typing_state.apply(token, str(row[0]), list(row[1]))
+            for row in map(TypingRow.from_wire, rows):
+                self.typing_state.apply(token, str(row.room_id), list(row.user_ids))
         elif stream_name == "account_data":
             self.ignored.on_account_data_rows(rows)
         elif stream_name == "caches" and self.token_cache is not None:

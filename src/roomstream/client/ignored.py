@@ -18,6 +18,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from roomstream.streams.rows import AccountDataRow
+
 __all__ = [
     "IGNORED_USER_LIST",
     "IgnoredUsers",
@@ -75,9 +77,13 @@ class IgnoredUsers:
     def on_account_data_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """``account_data`` stream rows ``(user_id, room_id, data_type)``: forget the
         users whose global ignore list changed."""
-        for row in rows:
-            if len(row) >= 3 and row[1] is None and row[2] == IGNORED_USER_LIST:
-                self.invalidate(str(row[0]))
+        for wire in rows:
+            if len(wire) < 3:
+                continue
+            # A longer row (a later format) starts with the same fields.
+            row = AccountDataRow.from_wire(wire[:3])
+            if row.room_id is None and row.data_type == IGNORED_USER_LIST:
+                self.invalidate(str(row.user_id))
 
 
 def hide_ignored(events: list[dict[str, Any]], ignored: frozenset[str]) -> list[dict[str, Any]]:

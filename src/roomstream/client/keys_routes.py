@@ -62,7 +62,7 @@ def _device_lists_position(request: web.Request, name: str) -> int | None:
     if not raw:
         raise MissingParamError(f"missing {name}")
     token = SyncToken.parse(raw)
-    return token.device_lists if raw.count("_") == 5 else None
+    return token.position("device_lists") if raw.count("_") >= 5 else None
 
 
 def keys_routes(accounts: Accounts, keys: E2eKeys) -> list[Route]:

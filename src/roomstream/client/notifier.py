@@ -18,39 +18,52 @@ import contextlib
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
+from roomstream.client.sync_sections import SECTIONS
+from roomstream.client.sync_sections.base import room_key, user_key
 from roomstream.streams import StreamSet
 
 __all__ = ["Notifier", "Waiter", "keys_for_row"]
 
 logger = logging.getLogger(__name__)
 
-#: Streams whose rows may wake a sync (backfill and caches never do).
-WAKING_STREAMS = ("events", "account_data", "receipts", "to_device", "typing", "device_lists")
+#: Which rows wake a sync, per stream: the sync sections' (backfill and caches never do).
+WakeKeys = Callable[[Sequence[Any]], list[str]]
 
 
-def keys_for_row(stream_name: str, row: Sequence[Any]) -> list[str]:
-    """The wake keys (``"u" + user ID``, ``"r" + room ID``) a stream row concerns."""
+def _wake_keys_by_stream() -> dict[str, WakeKeys]:
+    """Each stream's wake keys: those of every section reading it (usually one)."""
+    by_stream: dict[str, list[WakeKeys]] = {}
+    for section in SECTIONS:
+        by_stream.setdefault(section.stream, []).append(section.wake_keys)
+    return {
+        stream: found[0] if len(found) == 1 else _all_keys(tuple(found))
+        for stream, found in by_stream.items()
+    }
+
+
+def _all_keys(each: tuple[WakeKeys, ...]) -> WakeKeys:
+    return lambda row: [key for keys_of in each for key in keys_of(row)]
+
+
+WAKE_KEYS: Mapping[str, WakeKeys] = MappingProxyType(_wake_keys_by_stream())
+
+
+def keys_for_row(
+    stream_name: str, row: Sequence[Any], wake_keys: Mapping[str, WakeKeys] = WAKE_KEYS
+) -> list[str]:
+    """The wake keys (:func:`~roomstream.client.sync_sections.base.user_key`,
+    :func:`~roomstream.client.sync_sections.base.room_key`) a stream row concerns, as the
+    section of its stream says (none for a stream no section reads)."""
+    keys_of = wake_keys.get(stream_name)
+    if keys_of is None:
+        return []
     try:
-        if stream_name == "events":
-            kind, data = row[0], row[1]
-            if kind == "ev":
-                keys = ["r" + str(data[1])]
-                if data[2] == "m.room.member" and data[3] is not None:
-                    keys.append("u" + str(data[3]))
-                return keys
-            return ["r" + str(data[0])]
-        if stream_name in ("account_data", "device_lists"):
-            # device_lists: the user's own syncs only (others see the change at their
-            # next wake; waking every user sharing a room needs the rooms' members).
-            return ["u" + str(row[0])]
-        if stream_name in ("receipts", "typing"):
-            return ["r" + str(row[0])]
-        if stream_name == "to_device" and str(row[0]).startswith("@"):
-            return ["u" + str(row[0])]
-    except (IndexError, TypeError, KeyError):
+        return keys_of(row)
+    except (IndexError, TypeError, KeyError, ValueError, AttributeError):
         logger.warning("cannot tell whom a %s row concerns: %r", stream_name, row)
     return []
 
@@ -92,7 +105,7 @@ class Notifier:
         #: Called with (stream, writer, since, upto, updates) for every batch of local
         #: rows read here, before the syncs they concern are woken.
         self.local_row_listeners: list[LocalRowListener] = []
-        for name in WAKING_STREAMS:
+        for name in WAKE_KEYS:
             if name not in streams:
                 continue
             generator = streams.generator(name)
@@ -104,7 +117,7 @@ class Notifier:
 
     @contextlib.contextmanager
     def listen(self, user_id: str, room_ids: Iterable[str]) -> Iterator[Waiter]:
-        waiter = Waiter(frozenset(["u" + user_id, *("r" + r for r in room_ids)]))
+        waiter = Waiter(frozenset([user_key(user_id), *(room_key(r) for r in room_ids)]))
         for key in waiter.keys:
             self._waiters[key].add(waiter)
         try:
@@ -177,7 +190,7 @@ class Notifier:
     ) -> None:
         """Rows received from another writer; they wake syncs once its position reaches
         ``token`` (:meth:`on_replicated_position`)."""
-        if stream_name not in WAKING_STREAMS:
+        if stream_name not in WAKE_KEYS:
             return
         keys = [k for row in rows for k in keys_for_row(stream_name, row)]
         if keys:

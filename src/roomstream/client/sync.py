@@ -2,36 +2,43 @@
 the rest from the per-user streams, all behind one opaque token, long-polled through the
 :class:`~roomstream.client.notifier.Notifier`.
 
-The token is ``<events>_<account_data>_<receipts>_<to_device>_<typing>_<device_lists>``:
-the read path's events token (per-writer positions; it never contains ``_``) and a
-position of each other stream (a token from before the ``device_lists`` part was added
-parses with 0 there). Every sub-object of the response is present even when empty.
+The token is ``<events>_<account_data>_<receipts>_<to_device>_<typing>``: one part per
+section of :data:`~roomstream.client.sync_sections.SECTIONS`, in its order (the read
+path's events token, which never contains ``_``, then a position of each other stream).
+Each section fills its part of the response (:mod:`roomstream.client.sync_sections`);
+every sub-object of the response is present even when empty.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from roomstream.accounts import Requester
-from roomstream.client.filtering import EMPTY_SYNC_FILTER, EventFilter, SyncFilter
-from roomstream.client.ignored import IgnoredUsers, hide_ignored, ignored_invite
+from roomstream.client.filtering import EMPTY_SYNC_FILTER, SyncFilter
+from roomstream.client.ignored import IgnoredUsers
 from roomstream.client.notifier import Notifier
 from roomstream.client.store import ClientStore
+from roomstream.client.sync_sections import (
+    SECTIONS,
+    SyncContext,
+    SyncServices,
+    build_sections,
+)
+from roomstream.client.sync_sections.base import events
 from roomstream.client.typing import TypingState
-from roomstream.client.unread import UnreadCounter
 from roomstream.client.userdata import UserData
 from roomstream.e2e import E2eKeys
 from roomstream.errors import InvalidParamError
 from roomstream.events.redaction import redact
-from roomstream.reading import EventsToken, RoomReader, RoomTimeline
+from roomstream.reading import EventsToken, RoomReader
 
 __all__ = ["SyncHandler", "SyncToken"]
 
-_TAIL = re.compile(r"[0-9]{1,18}")
 #: Longest long-poll honoured (clients ask for 30 s).
 MAX_TIMEOUT_MS = 120_000
 DEFAULT_TIMELINE_LIMIT = 10
@@ -39,31 +46,41 @@ DEFAULT_TIMELINE_LIMIT = 10
 
 @dataclass(frozen=True, slots=True)
 class SyncToken:
-    events: EventsToken
-    account_data: int
-    receipts: int
-    to_device: int
-    typing: int
-    device_lists: int = 0
+    """A position per section (by section name), written in :data:`SECTIONS` order.
+
+    Parsing: a token with fewer parts than there are sections (one issued before the
+    later sections existed) means each missing part's ``ZERO``; more parts, or a part
+    its section does not read, is ``M_INVALID_PARAM``."""
+
+    positions: Mapping[str, Any]
+
+    @property
+    def events(self) -> EventsToken:
+        """The read path's events token (the first part)."""
+        token: EventsToken = self.positions["events"]
+        return token
+
+    def position(self, section: str) -> Any:
+        return self.positions[section]
 
     def to_string(self) -> str:
-        return "_".join(
-            [
-                self.events.to_string(),
-                str(self.account_data),
-                str(self.receipts),
-                str(self.to_device),
-                str(self.typing),
-                str(self.device_lists),
-            ]
-        )
+        return "_".join(s.format_position(self.positions[s.name]) for s in SECTIONS)
 
     @classmethod
     def parse(cls, text: str) -> SyncToken:
         parts = text.split("_")
-        if len(parts) not in (5, 6) or not all(_TAIL.fullmatch(p) for p in parts[1:]):
+        if len(parts) > len(SECTIONS):
             raise InvalidParamError(f"invalid sync token {text[:64]!r}")
-        return cls(EventsToken.parse(parts[0]), *(int(p) for p in parts[1:]))
+        positions: dict[str, Any] = {}
+        for i, section in enumerate(SECTIONS):
+            if i >= len(parts):
+                positions[section.name] = section.ZERO
+                continue
+            try:
+                positions[section.name] = section.parse_position(parts[i])
+            except ValueError:
+                raise InvalidParamError(f"invalid sync token {text[:64]!r}") from None
+        return cls(MappingProxyType(positions))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,45 +112,6 @@ class _SentMembers:
     size: int = 0
 
 
-def _events(events: list[Any]) -> dict[str, Any]:
-    return {"events": events}
-
-
-def _account_events(
-    by_type: dict[str, dict[str, Any]], only: EventFilter | None = None
-) -> list[dict[str, Any]]:
-    events = [{"type": t, "content": c} for t, c in sorted(by_type.items())]
-    return events if only is None or only.allows_all else only.apply(events)
-
-
-def _state_only(timeline: RoomTimeline, now: EventsToken, *, merge: bool) -> RoomTimeline:
-    """A room of a sync whose timeline limit is 0: no timeline events, ``limited`` if
-    there were any, and a ``prev_batch`` from where paginating back finds them. The
-    state is the state after them (spec: the state at the start of the, empty, timeline):
-    ``merge`` (incremental sync, whose state is the state before the events read) adds
-    their state events, later ones replacing earlier ones of the same key; an initial
-    sync's state is already the current state."""
-    state = list(timeline.state)
-    if merge:
-        by_key = {(e.get("type"), e.get("state_key")): e for e in state}
-        for event in timeline.events:
-            if "state_key" in event:
-                by_key[(event.get("type"), event.get("state_key"))] = event
-        state = list(by_key.values())
-    return replace(
-        timeline,
-        events=[],
-        limited=timeline.limited or bool(timeline.events),
-        prev_batch=now if timeline.events else timeline.prev_batch,
-        state=state,
-    )
-
-
-def _kept(only: EventFilter, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``events`` that pass ``only`` (its ``limit`` is for timelines, not applied)."""
-    return events if only.allows_all else [e for e in events if only.matches(e)]
-
-
 class SyncHandler:
     def __init__(
         self,
@@ -146,16 +124,9 @@ class SyncHandler:
         keys: E2eKeys | None = None,
     ) -> None:
         self.reader = reader
-        #: Whom each user ignores (None: nobody ignores anyone).
-        self.ignored = ignored
-        self.keys = keys
-        self.userdata = userdata
-        self.typing = typing
         self.notifier = notifier
-        self.store = store
-        self.unread = UnreadCounter(reader)
-        #: (user, device) -> the to-device position up to which its inbox was cleared.
-        self._to_device_cleared: dict[tuple[str, str], int] = {}
+        #: The sections, in token order (:data:`SECTIONS`).
+        self.sections = build_sections(SyncServices(reader, userdata, typing, store, ignored, keys))
         #: (user, device) -> lazy-loaded members it was sent (most recent last).
         self._sent_members: OrderedDict[tuple[str, str], _SentMembers] = OrderedDict()
 
@@ -250,256 +221,42 @@ class SyncHandler:
     async def _build(
         self, requester: Requester, request: SyncRequest
     ) -> tuple[dict[str, Any], bool]:
-        user_id, device_id = requester.user_id, requester.device_id
+        """The response, and whether it is empty (nothing to end a long poll with).
+
+        Every section's position is read before any section reads: each collects up to
+        it, so nothing completing meanwhile is skipped by the next token."""
         since = request.since
-        only = request.filter
-        initial = since is None or request.full_state
-        positions = {
-            name: self.userdata.position(name) for name in ("account_data", "receipts", "to_device")
+        upto = [section.current_position() for section in self.sections]
+        user_id = requester.user_id
+        body: dict[str, Any] = {
+            "next_batch": "",
+            "rooms": {"join": {}, "invite": {}, "leave": {}, "knock": {}},
+            "account_data": events([]),
+            "to_device": events([]),
+            "presence": events([]),
+            "device_lists": {"changed": [], "left": []},
+            "device_one_time_keys_count": {},
+            "device_unused_fallback_key_types": [],
         }
-        typing_token = self.typing.token
-        device_lists_token = 0 if self.keys is None else self.keys.position()
-        result = await self.reader.sync(
-            user_id,
-            None if since is None else since.events,
-            # A state-only sync (limit 0) reads one event per room, folded into state.
-            timeline_limit=max(1, request.timeline_limit),
-            device_id=device_id,
+
+        async def joined_rooms() -> list[str]:
+            return await self.reader.store.get_rooms_for_user(user_id)
+
+        ctx = SyncContext(
+            user_id=user_id,
+            device_id=requester.device_id,
+            filter=request.filter,
             full_state=request.full_state,
-            lazy_members=only.state.lazy_load_members,
+            timeline_limit=request.timeline_limit,
+            incremental=since is not None,
+            body=body,
+            load_joined_rooms=joined_rooms,
         )
-        if request.timeline_limit == 0:
-            for room_id, timeline in result.rooms.items():
-                if timeline.membership != "invite":
-                    result.rooms[room_id] = _state_only(
-                        timeline, result.next_token, merge=since is not None
-                    )
-        # Each per-user stream is read only when it moved past the token.
-        global_data: dict[str, dict[str, Any]] = {}
-        room_data: dict[str, dict[str, dict[str, Any]]] = {}
-        ad_since = 0 if initial or since is None else since.account_data
-        if positions["account_data"] > ad_since:
-            global_data, room_data = await self.userdata.account_data_since(
-                user_id, ad_since, positions["account_data"]
-            )
-        rc_since = 0 if initial or since is None else since.receipts
-        typing_since = -1 if initial or since is None else since.typing
-        # The joined rooms only filter per-room ephemeral data and room account data:
-        # not read when none of those moved (a sync woken by a message, say).
-        joined: list[str] = []
-        if room_data or positions["receipts"] > rc_since or typing_token != typing_since:
-            joined = await self.reader.store.get_rooms_for_user(user_id)
-        receipts: dict[str, dict[str, Any]] = {}
-        if positions["receipts"] > rc_since:
-            receipts = await self.userdata.receipts_since(joined, rc_since, positions["receipts"])
-        typing = self.typing.changed(joined, typing_since)
-        acknowledged = 0 if since is None else since.to_device
-        to_device: list[dict[str, Any]] = []
-        to_device_end = acknowledged
-        device_key = (user_id, device_id)
-        if (
-            positions["to_device"] > acknowledged
-            or self._to_device_cleared.get(device_key) != acknowledged
-        ):
-            to_device, to_device_end = await self.userdata.to_device_messages(
-                user_id, device_id, acknowledged, positions["to_device"]
-            )
-            self._to_device_cleared[device_key] = acknowledged
-            if len(self._to_device_cleared) > 100_000:
-                self._to_device_cleared.pop(next(iter(self._to_device_cleared)))
-        join: dict[str, Any] = {}
-        invite: dict[str, Any] = {}
-        leave: dict[str, Any] = {}
-        ignored = frozenset() if self.ignored is None else await self.ignored.of(user_id)
-        left = [r for r, t in result.rooms.items() if t.membership in ("leave", "ban")]
-        forgotten = await self.store.forgotten_rooms(user_id, left) if left else set()
-        for room_id, timeline in result.rooms.items():
-            if not only.room_allowed(room_id):
-                continue
-            if timeline.membership == "join":
-                join[room_id] = self._joined_room(timeline, only, ignored)
-            elif timeline.membership == "invite" and since is None:
-                invite[room_id] = {"invite_state": _events(timeline.state)}
-            elif (
-                timeline.membership in ("leave", "ban")
-                and room_id not in forgotten
-                # Rooms left before the token only when the filter asks (spec:
-                # include_leave); a leave since the token is news, always sent.
-                and (since is not None or only.include_leave)
-            ):
-                leave[room_id] = {
-                    "timeline": self._timeline(timeline, only, ignored),
-                    "state": _events(_kept(only.state, timeline.state)),
-                    "account_data": _events([]),
-                }
-        if since is not None:
-            newly_invited = {r for r, t in result.rooms.items() if t.membership == "invite"} | {
-                e["room_id"]
-                for e in result.membership_changes
-                if e.get("content", {}).get("membership") == "invite"
-            }
-            newly_invited = {r for r in newly_invited if only.room_allowed(r)}
-            await self._invites(
-                user_id, newly_invited - set(join), invite, every=request.full_state, only=only
-            )
-        for room_id in [
-            r
-            for r, room in invite.items()
-            if ignored_invite(room["invite_state"]["events"], user_id, ignored)
-        ]:
-            del invite[room_id]  # invites from ignored users are dropped (spec)
-        prev_batch = result.next_token.to_string() if since is None else since.events.to_string()
-        for room_id in set(room_data) | set(receipts) | set(typing):
-            if room_id not in joined or not only.room_allowed(room_id):
-                continue
-            room = join.get(room_id)
-            if room is None:
-                room = join[room_id] = self._empty_joined_room(prev_batch)
-            if room_id in room_data:
-                room["account_data"]["events"] = _account_events(
-                    room_data[room_id], only.room_account_data
-                )
-            ephemeral = []
-            if room_id in typing:
-                ephemeral.append({"type": "m.typing", "content": {"user_ids": typing[room_id]}})
-            if room_id in receipts:
-                ephemeral.append({"type": "m.receipt", "content": receipts[room_id]})
-            room["ephemeral"]["events"].extend(only.ephemeral.apply(ephemeral))
-        if since is not None and not request.full_state:
-            # Rooms the filter left with nothing to say are not sent, and so do not end
-            # a long poll (a message type the client filtered out does not wake it).
-            for room_id in [r for r, room in join.items() if _says_nothing(room)]:
-                del join[room_id]
-        summaries = await self.reader.room_summaries(
-            user_id, [r for r, room in join.items() if since is None or _membership_moved(room)]
-        )
-        for room_id, summary in summaries.items():
-            join[room_id]["summary"] = summary
-        for room_id, counts in (await self.unread.counts(user_id, list(join))).items():
-            join[room_id]["unread_notifications"] = counts
-        next_batch = SyncToken(
-            result.next_token,
-            positions["account_data"],
-            positions["receipts"],
-            to_device_end,
-            typing_token,
-            device_lists_token,
-        )
-        e2e = await self._e2e(requester, since, device_lists_token)
-        account_events = _account_events(global_data, only.account_data)
-        body = {
-            "next_batch": next_batch.to_string(),
-            "rooms": {"join": join, "invite": invite, "leave": leave, "knock": {}},
-            "account_data": _events(account_events),
-            "to_device": _events(to_device),
-            "presence": _events([]),
-            **e2e,
-        }
-        changed = e2e["device_lists"]["changed"]
-        empty = not (join or invite or leave or account_events or to_device or changed)
-        return body, empty
-
-    async def _e2e(
-        self, requester: Requester, since: SyncToken | None, device_lists_token: int
-    ) -> dict[str, Any]:
-        """``device_lists`` (users sharing a room whose devices changed since the token;
-        ``left`` is filled by the lead's sync sections, see E2eKeys.changed_since), and the
-        syncing device's one-time key counts and unused fallback key types."""
-        if self.keys is None:
-            return {
-                "device_lists": {"changed": [], "left": []},
-                "device_one_time_keys_count": {},
-                "device_unused_fallback_key_types": [],
-            }
-        changed: set[str] = set()
-        if since is not None and device_lists_token > since.device_lists:
-            changed, _ = await self.keys.changed_since(
-                requester.user_id, since.device_lists, device_lists_token
-            )
-        counts, fallbacks = await self.keys.key_status(requester.user_id, requester.device_id)
-        return {
-            "device_lists": {"changed": sorted(changed), "left": []},
-            "device_one_time_keys_count": counts,
-            "device_unused_fallback_key_types": fallbacks,
-        }
-
-    async def _invites(
-        self,
-        user_id: str,
-        invited: set[str],
-        invite: dict[str, Any],
-        *,
-        every: bool = False,
-        only: SyncFilter = EMPTY_SYNC_FILTER,
-    ) -> None:
-        """Rooms the user was invited to since the token (``every``: all the rooms the
-        user is invited to, for ``full_state``): their stripped state (the read path's
-        invite view: the invite and the room's descriptive state)."""
-        if every:
-            pending = await self.reader.store.get_rooms_for_user(user_id, "invite")
-            invited = invited | {r for r in pending if only.room_allowed(r)}
-        if not invited:
-            return
-        page = await self.reader.latest_rooms(
-            user_id, room_limit=len(invited) + 50, event_limit=1, memberships=("invite",)
-        )
-        for timeline in page.rooms:
-            if timeline.room_id in invited:
-                invite[timeline.room_id] = {"invite_state": _events(timeline.state)}
-
-    def _timeline(
-        self, timeline: RoomTimeline, only: SyncFilter, ignored: frozenset[str]
-    ) -> dict[str, Any]:
-        # The filter applies to the events read: a timeline of `limit` events of which
-        # some do not match is shorter, and `limited` with `prev_batch` before the first
-        # event read (so paginating back misses none that match). So do ignored users.
-        return {
-            "events": hide_ignored(_kept(only.timeline, timeline.events), ignored),
-            "limited": timeline.limited,
-            "prev_batch": timeline.prev_batch.to_string(),
-        }
-
-    def _joined_room(
-        self, timeline: RoomTimeline, only: SyncFilter, ignored: frozenset[str]
-    ) -> dict[str, Any]:
-        room = self._empty_joined_room(timeline.prev_batch.to_string())
-        room["timeline"] = self._timeline(timeline, only, ignored)
-        room["state"] = _events(_kept(only.state, timeline.state))
-        return room
-
-    @staticmethod
-    def _empty_joined_room(prev_batch: str) -> dict[str, Any]:
-        return {
-            "timeline": {"events": [], "limited": False, "prev_batch": prev_batch},
-            "state": _events([]),
-            "ephemeral": _events([]),
-            "account_data": _events([]),
-            "unread_notifications": {"highlight_count": 0, "notification_count": 0},
-            "summary": {},
-        }
-
-
-#: State whose change can change a room's summary.
-_SUMMARY_TYPES = frozenset({"m.room.member", "m.room.name", "m.room.canonical_alias"})
-
-
-def _membership_moved(room: dict[str, Any]) -> bool:
-    """Whether a joined room's incremental update may change its summary (spec: the
-    summary may be left out when unchanged)."""
-    return any(
-        e.get("type") in _SUMMARY_TYPES
-        for part in ("timeline", "state")
-        for e in room[part]["events"]
-    )
-
-
-def _says_nothing(room: dict[str, Any]) -> bool:
-    """A joined room entry with no events in any section and no gap to report."""
-    timeline = room["timeline"]
-    return not (
-        timeline["events"]
-        or timeline["limited"]
-        or room["state"]["events"]
-        or room["ephemeral"]["events"]
-        or room["account_data"]["events"]
-    )
+        positions: dict[str, Any] = {}
+        for section, section_upto in zip(self.sections, upto, strict=True):
+            section_since = None if since is None else since.position(section.name)
+            positions[section.name] = await section.collect(ctx, section_since, section_upto)
+        for section in self.sections:
+            await section.finish(ctx)
+        body["next_batch"] = SyncToken(MappingProxyType(positions)).to_string()
+        return body, not ctx.has_news

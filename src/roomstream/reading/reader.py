@@ -52,6 +52,7 @@ from roomstream.rooms.store import EventStore, load_events_txn
 from roomstream.state.groups import get_state_txn
 from roomstream.storage import Transaction
 from roomstream.streams import StreamChangeCache, StreamSet
+from roomstream.streams.rows import EventRow, events_row_from_wire
 
 if TYPE_CHECKING:
     from roomstream.rooms.engine import RoomEngine
@@ -469,12 +470,14 @@ class RoomReader:
         return True
 
     def _note_changes(self, updates: Iterable[tuple[int, Any]]) -> None:
-        for token, (kind, data) in updates:
-            if kind != "ev":
+        for token, wire in updates:
+            row = events_row_from_wire(wire)
+            if not isinstance(row, EventRow):
                 continue
-            self._room_changes.entity_has_changed(data[1], token)
-            if data[2] == "m.room.member" and data[3] is not None:
-                self._member_changes.entity_has_changed(data[3], token)
+            self._room_changes.entity_has_changed(row.room_id, token)
+            member = row.member_user_id
+            if member is not None:
+                self._member_changes.entity_has_changed(member, token)
 
     async def _rooms_for_user(self, user_id: str) -> dict[str, str]:
         """room -> the user's membership in its current state (any membership)."""

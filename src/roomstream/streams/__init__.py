@@ -3,6 +3,7 @@
 - :mod:`~roomstream.streams.positions`: the I/O-free position bookkeeping.
 - :mod:`~roomstream.streams.id_generator`: reserving IDs from the database.
 - :mod:`~roomstream.streams.registry`: the named streams, row formats, ``get_updates``.
+- :mod:`~roomstream.streams.rows`: typed views of stream rows (named fields).
 - :mod:`~roomstream.streams.change_cache`: "may X have changed since p?" caches.
 - :mod:`~roomstream.streams.memory`: streams held in memory (typing).
 """
