@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from roomstream.errors import Codes, MatrixError
+from roomstream.reading.events import EventRead, _Loaded
+from roomstream.reading.results import RoomStateView
 from roomstream.reading.timeline_rows import (
     MIN_POSITION,
     _chunks,
@@ -14,6 +17,8 @@ from roomstream.reading.timeline_rows import (
     _redacted_by,
 )
 from roomstream.reading.tokens import EventsToken
+from roomstream.reading.visibility import WORLD_READABLE, visibility_class
+from roomstream.rooms.store import load_events_txn
 from roomstream.state.groups import get_state_txn
 from roomstream.storage import Transaction
 
@@ -82,3 +87,47 @@ def _state_at_token_txn(
 def _state_ids_before_txn(txn: Transaction, event_id: str) -> list[str]:
     groups = _state_groups_txn(txn, event_id)
     return [] if groups is None else sorted(get_state_txn(txn, groups[0]).values())
+
+
+class RoomStateReads(EventRead):
+    """A room's state as a user may see it (the legacy room ``initialSync``)."""
+
+    async def room_state_for(self, user_id: str, room_id: str) -> RoomStateView:
+        """The room's state as the user may see it (the legacy room ``initialSync``): a
+        member sees the current state; one who left or was banned the state after their
+        leave (or ban) event; anyone else (invited, never joined) the current state of a
+        ``world_readable`` room only, as a peek (``membership`` None). ``M_FORBIDDEN``
+        otherwise, and for a room this server does not know."""
+        raw = await self.db.run_interaction(self._room_state_txn, user_id, room_id)
+        if raw is None:
+            raise MatrixError(403, Codes.FORBIDDEN, f"user {user_id} may not see room {room_id}")
+        membership, member_event, state_ids, loaded = raw
+        self._complete(loaded)
+        return RoomStateView(
+            membership, member_event, self._format_ids(state_ids, loaded, self._now())
+        )
+
+    def _room_state_txn(
+        self, txn: Transaction, user_id: str, room_id: str
+    ) -> tuple[str | None, str | None, list[str], _Loaded] | None:
+        current = _current_state_txn(txn, room_id)
+        if not current:
+            return None
+        own = current.get(("m.room.member", user_id))
+        row = (
+            None
+            if own is None
+            else txn.query_one("SELECT membership FROM events WHERE event_id = ?", (own,))
+        )
+        membership = None if row is None else str(row[0])
+        if membership == "join":
+            state_ids = sorted(current.values())
+        elif membership in ("leave", "ban") and own is not None:
+            state_ids = _state_ids_after_txn(txn, own)
+        else:
+            hv = current.get(("m.room.history_visibility", ""))
+            hv_event = None if hv is None else load_events_txn(txn, [hv]).get(hv)
+            if visibility_class(None if hv_event is None else hv_event.content) != WORLD_READABLE:
+                return None
+            membership, own, state_ids = None, None, sorted(current.values())
+        return membership, own, state_ids, self._load_txn(txn, (), state_ids, user_id, None)

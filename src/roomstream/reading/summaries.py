@@ -3,13 +3,15 @@ per room for every member."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from roomstream.reading.changes import ChangeTracker
 from roomstream.reading.timeline_rows import _chunks, _marks
 from roomstream.rooms.store import load_events_txn
-from roomstream.storage import Transaction
+from roomstream.storage import Database, Transaction
 
 #: Heroes a summary lists (spec: 5).
 MAX_HEROES = 5
@@ -87,3 +89,46 @@ def _summaries_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, _Room
             members,
         )
     return result
+
+
+class RoomSummaries:
+    """Room summaries, cached per room (not per user) while the room has no new event."""
+
+    def __init__(self, db: Database, changes: ChangeTracker, *, cache_size: int) -> None:
+        self.db = db
+        self._changes = changes
+        self._room_changes = changes.room_changes
+        # room -> (ingested linear position before it was read, its summary's parts)
+        self._summaries: OrderedDict[str, tuple[int, _RoomSummary]] = OrderedDict()
+        self._summaries_size = cache_size
+
+    async def room_summaries(
+        self, user_id: str, room_ids: Collection[str]
+    ) -> dict[str, dict[str, Any]]:
+        """room -> its sync ``summary`` (spec, "Room summary"): ``m.joined_member_count``,
+        ``m.invited_member_count`` from the current state, and ``m.heroes`` for rooms
+        with neither a name nor a canonical alias: up to 5 members other than the
+        user, joined and invited ones first, each group by the stream order of their
+        membership event (as Synapse picks them); when no one else is joined or invited,
+        those who left or were banned. One database interaction for all the rooms."""
+        if not room_ids:
+            return {}
+        # Per room, not per user: kept while the change cache says the room has no event
+        # after the position ingested before it was read (a later event is after it).
+        checked_at = self._changes.ingested_floor
+        cache = self._summaries
+        known: dict[str, _RoomSummary] = {}
+        for room_id in room_ids:
+            entry = cache.get(room_id)
+            if entry is not None and not self._room_changes.has_entity_changed(room_id, entry[0]):
+                known[room_id] = entry[1]
+        missing = sorted(r for r in room_ids if r not in known)
+        if missing:
+            read = await self.db.run_interaction(_summaries_txn, missing)
+            for room_id, summary in read.items():
+                known[room_id] = summary
+                cache[room_id] = (checked_at, summary)
+                cache.move_to_end(room_id)
+            while len(cache) > self._summaries_size:
+                cache.popitem(last=False)
+        return {room_id: known[room_id].for_user(user_id) for room_id in room_ids}
