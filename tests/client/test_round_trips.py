@@ -55,7 +55,7 @@ async def test_a_send_costs_one_write(homeserver: Homeserver) -> None:
     with counted_round_trips(homeserver.engine.db) as calls:
         await homeserver.ok("PUT", path + "warm", {"body": "0"}, token=alice.token)
     # The device's first send in the room loads its transaction IDs there.
-    assert calls[0] == "RoomReader.transactions_of_device.<locals>.<lambda>", calls
+    assert calls[0] == "TransactionIds.transactions_of_device.<locals>.<lambda>", calls
     await homeserver.engine.streams.flush()
     with counted_round_trips(homeserver.engine.db) as calls:
         sent = await homeserver.ok("PUT", path + "t1", {"body": "1"}, token=alice.token)

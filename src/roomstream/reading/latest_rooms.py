@@ -12,7 +12,6 @@ from roomstream.reading.events import EventFormatter, EventRead, _Loaded
 from roomstream.reading.results import LatestRoomsPage, RoomsCursor, RoomTimeline
 from roomstream.reading.room_state import (
     _current_state_ids_txn,
-    _current_state_txn,
     _state_ids_before_txn,
 )
 from roomstream.reading.timeline_rows import (
@@ -30,6 +29,7 @@ from roomstream.reading.timeline_rows import (
     _to_rows,
 )
 from roomstream.reading.tokens import EventsToken, RoomPosition
+from roomstream.rooms.store import current_state_txn
 from roomstream.storage import Database, Transaction
 
 StateChoice = Literal["current", "timeline_start", "none"]
@@ -220,7 +220,7 @@ class LatestRooms(EventRead):
         for room_id, membership, member_event, activity in ordered:
             state_ids: list[str] = []
             if membership in ("invite", "knock"):
-                current = _current_state_txn(txn, room_id)
+                current = current_state_txn(txn, room_id)
                 state_ids = [v for k, v in sorted(current.items()) if k[0] in INVITE_STATE_TYPES]
                 state_ids.append(member_event)
                 picked.append((room_id, membership, activity, [], False, state_ids))

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from roomstream.errors import Codes, MatrixError
 from roomstream.reading.events import EventRead, _Loaded
 from roomstream.reading.format import ClientEvent
-from roomstream.reading.room_state import _current_state_txn, _state_after_txn
+from roomstream.reading.room_state import _state_after_txn
 from roomstream.reading.timeline_rows import (
     MAX_POSITION,
     _neighbour_before_txn,
@@ -17,7 +17,7 @@ from roomstream.reading.timeline_rows import (
 )
 from roomstream.reading.tokens import PaginationToken
 from roomstream.reading.visibility import WORLD_READABLE, visibility_class
-from roomstream.rooms.store import load_events_txn
+from roomstream.rooms.store import current_state_txn, load_events_txn
 from roomstream.storage import Transaction
 
 
@@ -66,7 +66,7 @@ class Members(EventRead):
         at: PaginationToken | str | None,
         users: Collection[str] | None = None,
     ) -> tuple[list[str], _Loaded] | None:
-        current = _current_state_txn(txn, room_id)
+        current = current_state_txn(txn, room_id)
         if not current:
             return None
         own = current.get(("m.room.member", user_id))

@@ -52,6 +52,7 @@ from roomstream.reading.timeline import NewEvents
 from roomstream.reading.timeline_rows import MAX_LIMIT
 from roomstream.reading.tokens import EventsToken, PaginationToken, RoomPosition
 from roomstream.rooms.store import EventStore
+from roomstream.rooms.transaction_ids import TransactionIds
 from roomstream.streams import StreamSet
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class RoomReader:
         self._members = Members(db, formatter)
         self._room_state = RoomStateReads(db, formatter)
         self._events = SingleEvents(db, formatter)
+        self._transaction_ids = TransactionIds(db, clock=clock)
 
     @classmethod
     def for_engine(cls, engine: RoomEngine, **kwargs: Any) -> RoomReader:
@@ -247,49 +249,28 @@ class RoomReader:
         """See :meth:`roomstream.reading.events.SingleEvents.is_visible`."""
         return await self._events.is_visible(user_id, event_id)
 
-    # -- transaction IDs -------------------------------------------------------------------
+    # -- transaction IDs (the write path's: roomstream.rooms.transaction_ids) -----------
 
     async def record_transaction_id(
         self, event_id: str, room_id: str, user_id: str, device_id: str, txn_id: str
     ) -> None:
-        """Remember that ``device_id`` of ``user_id`` sent ``event_id`` with ``txn_id``
-        (shown to that device only). The client API does not call this: its sends store
-        the record in the event's own transaction (``EventPersister``)."""
-        now = int(self._clock() * 1000)
-        await self.db.run_interaction(
-            lambda t: t.execute(
-                "INSERT INTO event_txn_ids"
-                " (event_id, room_id, user_id, device_id, txn_id, inserted_ts)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (event_id, room_id, user_id, device_id, txn_id, now),
-            )
+        """See :meth:`roomstream.rooms.transaction_ids.TransactionIds.record_transaction_id`."""
+        await self._transaction_ids.record_transaction_id(
+            event_id, room_id, user_id, device_id, txn_id
         )
 
     async def transactions_of_device(
         self, room_id: str, user_id: str, device_id: str, limit: int
     ) -> dict[str, str] | None:
-        """Transaction ID -> event ID of every send of this device in the room; None if
-        there are more than ``limit``."""
-        rows = await self.db.run_interaction(
-            lambda t: t.query(
-                "SELECT txn_id, event_id FROM event_txn_ids WHERE room_id = ? AND user_id = ?"
-                " AND device_id = ? LIMIT ?",
-                (room_id, user_id, device_id, limit + 1),
-            )
+        """See :meth:`roomstream.rooms.transaction_ids.TransactionIds.transactions_of_device`."""
+        return await self._transaction_ids.transactions_of_device(
+            room_id, user_id, device_id, limit
         )
-        if len(rows) > limit:
-            return None
-        return {str(r[0]): str(r[1]) for r in rows}
 
     async def event_for_transaction(
         self, room_id: str, user_id: str, device_id: str, txn_id: str
     ) -> str | None:
-        """The event a device already sent with this transaction ID (idempotent sends)."""
-        row = await self.db.run_interaction(
-            lambda t: t.query_one(
-                "SELECT event_id FROM event_txn_ids WHERE room_id = ? AND user_id = ?"
-                " AND device_id = ? AND txn_id = ?",
-                (room_id, user_id, device_id, txn_id),
-            )
+        """See :meth:`roomstream.rooms.transaction_ids.TransactionIds.event_for_transaction`."""
+        return await self._transaction_ids.event_for_transaction(
+            room_id, user_id, device_id, txn_id
         )
-        return None if row is None else str(row[0])

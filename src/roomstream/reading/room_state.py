@@ -18,19 +18,9 @@ from roomstream.reading.timeline_rows import (
 )
 from roomstream.reading.tokens import EventsToken
 from roomstream.reading.visibility import WORLD_READABLE, visibility_class
-from roomstream.rooms.store import load_events_txn
+from roomstream.rooms.store import current_state_txn, load_events_txn
 from roomstream.state.groups import get_state_txn
 from roomstream.storage import Transaction
-
-
-def _current_state_txn(txn: Transaction, room_id: str) -> dict[tuple[str, str], str]:
-    return {
-        (str(r[0]), str(r[1])): str(r[2])
-        for r in txn.query(
-            "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
-            (room_id,),
-        )
-    }
 
 
 def _current_state_ids_txn(
@@ -110,7 +100,7 @@ class RoomStateReads(EventRead):
     def _room_state_txn(
         self, txn: Transaction, user_id: str, room_id: str
     ) -> tuple[str | None, str | None, list[str], _Loaded] | None:
-        current = _current_state_txn(txn, room_id)
+        current = current_state_txn(txn, room_id)
         if not current:
             return None
         own = current.get(("m.room.member", user_id))

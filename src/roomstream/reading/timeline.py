@@ -12,7 +12,6 @@ from roomstream.reading.format import ClientEvent
 from roomstream.reading.latest_rooms import LatestRooms
 from roomstream.reading.results import RoomTimeline, SyncResult
 from roomstream.reading.room_state import (
-    _current_state_txn,
     _state_at_token_txn,
     _state_before_txn,
 )
@@ -28,6 +27,7 @@ from roomstream.reading.timeline_rows import (
     _View,
 )
 from roomstream.reading.tokens import EventsToken, PaginationToken, RoomPosition
+from roomstream.rooms.store import current_state_txn
 from roomstream.storage import Database, Transaction
 
 
@@ -234,7 +234,7 @@ class NewEvents(EventRead):
                 if full_state or limited or room_id in changed_rooms or lazy_members:
                     start = _state_before_txn(txn, rows[0].event_id)
             elif full_state:
-                start = _current_state_txn(txn, room_id)
+                start = current_state_txn(txn, room_id)
             if start is not None:
                 if full_state or room_id in changed_rooms:
                     state = start
