@@ -69,8 +69,9 @@ class LruCache(OrderedDict[str, Any]):
 def current_state_txn(txn: Transaction, room_id: str) -> StateMap:
     """The room's current state, (type, state_key) -> event ID (empty for a room this
     server does not know): the one query for it, used by every package."""
+    # Both engines return TEXT columns as str: no conversion per entry.
     return {
-        (str(r[0]), str(r[1])): str(r[2])
+        (r[0], r[1]): r[2]
         for r in txn.query(
             "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
             (room_id,),
