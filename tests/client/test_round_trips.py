@@ -55,7 +55,7 @@ async def test_a_send_costs_one_write(homeserver: Homeserver) -> None:
     with counted_round_trips(homeserver.engine.db) as calls:
         await homeserver.ok("PUT", path + "warm", {"body": "0"}, token=alice.token)
     # The device's first send in the room loads its transaction IDs there.
-    assert calls[0] == "RoomReader.transactions_of_device.<locals>.<lambda>", calls
+    assert calls[0] == "TransactionIds.transactions_of_device.<locals>.<lambda>", calls
     await homeserver.engine.streams.flush()
     with counted_round_trips(homeserver.engine.db) as calls:
         sent = await homeserver.ok("PUT", path + "t1", {"body": "1"}, token=alice.token)
@@ -165,7 +165,7 @@ async def test_a_woken_sync_reads_only_the_new_events(homeserver: Homeserver) ->
     assert [c for c in calls if c != "StreamIdGenerator._store_position_txn"] == [
         "StreamIdGenerator.run_with_ids.<locals>.txn_func",
         "get_updates_txn",
-        "RoomReader._sync_txn",
+        "NewEvents._sync_txn",
         # The device's one-time key counts and fallback key types, in one transaction:
         # other users' claims change them without a stream row, so every sync reads them
         # (as Synapse does).
@@ -296,15 +296,15 @@ async def test_rows_handed_to_the_read_path_must_leave_no_gap(homeserver: Homese
     await homeserver.ok("GET", "/sync?timeout=0", token=alice.token)  # reader caught up
     reader = homeserver.process.reader
     writer = homeserver.config.instance_name
-    have = reader._ingested[writer]
+    have = reader.changes.ingested[writer]
     row = (
         "ev",
         ("$e", "!room", "m.room.member", "@x:test.local", None, None, "join", False, False),
     )
     assert not reader.ingest_rows(writer, have + 1, have + 2, [(have + 2, row)])
-    assert reader._ingested[writer] == have
-    assert not reader._member_changes.has_entity_changed("@x:test.local", have)
+    assert reader.changes.ingested[writer] == have
+    assert not reader.changes.member_changes.has_entity_changed("@x:test.local", have)
     assert reader.ingest_rows(writer, have, have + 2, [(have + 2, row)])
-    assert reader._ingested[writer] == have + 2
-    assert reader._member_changes.has_entity_changed("@x:test.local", have)
-    assert reader._room_changes.has_entity_changed("!room", have)
+    assert reader.changes.ingested[writer] == have + 2
+    assert reader.changes.member_changes.has_entity_changed("@x:test.local", have)
+    assert reader.changes.room_changes.has_entity_changed("!room", have)

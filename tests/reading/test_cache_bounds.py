@@ -58,7 +58,7 @@ async def test_served_events_are_cached_within_the_bounds(
     assert [e["event_id"] for e in sync.rooms[room_id].events][-3:] == sent[-3:]
     for event_id in sent:
         assert await reader.get_event(ALICE, event_id) is not None
-    assert 0 < len(reader._formatted) <= BOUND  # ...and at most BOUND kept
+    assert 0 < len(reader.formatter.cache) <= BOUND  # ...and at most BOUND kept
     assert 0 < len(engine.store._events) <= BOUND
 
 

@@ -22,7 +22,7 @@ from roomstream.reading import (
     parse_pagination_token,
     read_side_participants,
 )
-from roomstream.reading import reader as reader_module
+from roomstream.reading import timeline as timeline_module
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database
@@ -192,13 +192,13 @@ async def test_sync_skips_unchanged_rooms_without_a_query(
     await _say(engine, rooms[2], ALICE, "news")
     await _say(engine, rooms[4], ALICE, "more news")
     queried: list[str] = []
-    original = reader_module._new_rows_txn
+    original = timeline_module._new_rows_txn
 
     def spy(txn: Any, room_id: str, *args: Any) -> Any:
         queried.append(room_id)
         return original(txn, room_id, *args)
 
-    monkeypatch.setattr(reader_module, "_new_rows_txn", spy)
+    monkeypatch.setattr(timeline_module, "_new_rows_txn", spy)
     result = await reader.sync(BOB, since, timeline_limit=5)
     assert sorted(result.rooms) == sorted([rooms[2], rooms[4]])
     assert sorted(queried) == sorted([rooms[2], rooms[4]])

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from roomstream.errors import MatrixError
 from roomstream.events.signing import load_or_create_signing_key
 from roomstream.reading import RoomReader, read_side_participants
-from roomstream.reading import reader as reader_module
+from roomstream.reading import timeline_rows as rows_module
 from roomstream.reading import visibility as visibility_module
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig, connect, prepare_database
@@ -249,7 +249,7 @@ def _mutant_world_readable_as_shared(visibility: int, membership: str | None, la
 
 
 _original_allowed = visibility_module.allowed
-_original_membership_at = reader_module._View.membership_at
+_original_membership_at = rows_module._View.membership_at
 
 
 def _patch_visible(monkeypatch: pytest.MonkeyPatch, drop: str) -> None:
@@ -270,7 +270,7 @@ def _patch_visible(monkeypatch: pytest.MonkeyPatch, drop: str) -> None:
             return visibility_module.allowed(row.visibility, row.membership, later)
         return False
 
-    monkeypatch.setattr(reader_module._View, "visible", visible)
+    monkeypatch.setattr(rows_module._View, "visible", visible)
 
 
 MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
@@ -281,17 +281,17 @@ MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "no before-or-after for the visibility event": lambda m: _patch_visible(m, "hv"),
     "no before-or-after for own membership": lambda m: _patch_visible(m, "own"),
     "joined later counts any join, earlier ones too": lambda m: m.setattr(
-        reader_module._View, "joined_later", lambda self, p: self.last_join is not None
+        rows_module._View, "joined_later", lambda self, p: self.last_join is not None
     ),
     "membership after the event": lambda m: m.setattr(
-        reader_module._View, "membership_at", _membership_after
+        rows_module._View, "membership_at", _membership_after
     ),
 }
 
 
 def _membership_after(view: Any, position: tuple[int, int]) -> str | None:
     # The interval holding the next event: the membership after this one, mostly.
-    index = reader_module.bisect.bisect_right(view._positions, position)
+    index = rows_module.bisect.bisect_right(view._positions, position)
     if index < len(view._positions):
         return view._memberships[index]  # type: ignore[no-any-return]
     return _original_membership_at(view, position)  # type: ignore[no-any-return]
@@ -299,7 +299,7 @@ def _membership_after(view: Any, position: tuple[int, int]) -> str | None:
 
 def _patch_allowed(monkeypatch: pytest.MonkeyPatch, mutant: Callable[..., bool]) -> None:
     monkeypatch.setattr(visibility_module, "allowed", mutant)
-    monkeypatch.setattr(reader_module, "allowed", mutant)
+    monkeypatch.setattr(rows_module, "allowed", mutant)
 
 
 async def test_fixed_scripts_match_the_oracle(db_config: DatabaseConfig, tmp_path: Path) -> None:

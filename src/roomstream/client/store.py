@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import orjson
 
+from roomstream.rooms.persist import set_room_public_txn
 from roomstream.storage import Database, Transaction
 
 __all__ = ["ClientStore"]
@@ -116,8 +117,5 @@ class ClientStore:
     # -- the room directory ------------------------------------------------------------
 
     async def set_room_public(self, room_id: str, public: bool) -> None:
-        await self.db.run_interaction(
-            lambda t: t.execute(
-                "UPDATE rooms SET is_public = ? WHERE room_id = ?", (public, room_id)
-            )
-        )
+        # The rooms table's one writer is the persister's module (storage/owners.py).
+        await self.db.run_interaction(set_room_public_txn, room_id, public)

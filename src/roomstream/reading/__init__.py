@@ -5,8 +5,12 @@
 - :mod:`~roomstream.reading.format`: the one client event format;
 - :mod:`~roomstream.reading.tokens`: opaque tokens (events-stream positions per writer,
   points in a room's topological order);
-- :mod:`~roomstream.reading.reader`: :class:`RoomReader`, the reads (new events since a
-  token, latest events of the latest rooms, pagination, context, members, events).
+- :mod:`~roomstream.reading.reader`: :class:`RoomReader`, the reads behind one facade,
+  each in a module named for it: :mod:`~roomstream.reading.timeline` (new events since a
+  token), :mod:`~roomstream.reading.latest_rooms`, :mod:`~roomstream.reading.summaries`,
+  :mod:`~roomstream.reading.pagination`, :mod:`~roomstream.reading.context`,
+  :mod:`~roomstream.reading.members`, :mod:`~roomstream.reading.room_state`,
+  :mod:`~roomstream.reading.events` (single events, the formatting cache);
 
 No HTTP here: the Client-Server API serves these. Refusals are the named errors of
 :mod:`roomstream.errors` (``NotFoundError``, ``ForbiddenError``, ``InvalidParamError``);

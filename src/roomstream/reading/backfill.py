@@ -42,6 +42,7 @@ from roomstream.reading.visibility import (
     Position,
     TimelineInput,
     VisibilityRecorder,
+    delete_newest_records_txn,
     timeline_lock,
 )
 from roomstream.rooms.store import load_events_txn
@@ -133,7 +134,9 @@ class VisibilityBackfill:
         room off the pending list."""
         batches = 0
         if reset:
-            while await self.db.run_interaction(_delete_batch_txn, room_id, self.batch_size):
+            while await self.db.run_interaction(
+                delete_newest_records_txn, room_id, self.batch_size
+            ):
                 batches += 1
             batches += 1
         recorder = VisibilityRecorder(room_cache_size=1)
@@ -247,31 +250,6 @@ class VisibilityBackfill:
         last = items[-1]
         more = len(items) < len(rows) or len(rows) == self.batch_size
         return len(items), more, last.position
-
-
-def _delete_batch_txn(txn: Transaction, room_id: str, limit: int) -> bool:
-    """Delete up to about ``limit`` of the room's newest rows of each table; True if any
-    remain."""
-    txn.lock_exclusively(timeline_lock(room_id))
-    remain = False
-    for table in ("timeline_events", "visibility_memberships"):
-        # Rows at positions after the limit-th newest (several users may share one).
-        row = txn.query_one(
-            f"SELECT topological_ordering, stream_ordering FROM {table} WHERE room_id = ?"
-            " ORDER BY topological_ordering DESC, stream_ordering DESC LIMIT 1 OFFSET ?",
-            (room_id, limit),
-        )
-        if row is None:
-            txn.execute(f"DELETE FROM {table} WHERE room_id = ?", (room_id,))
-            continue
-        remain = True
-        topo, stream = int(row[0]), int(row[1])
-        txn.execute(
-            f"DELETE FROM {table} WHERE room_id = ? AND (topological_ordering > ?"
-            " OR (topological_ordering = ? AND stream_ordering > ?))",
-            (room_id, topo, topo, stream),
-        )
-    return remain
 
 
 def _next_room_txn(txn: Transaction, after: str | None) -> str | None:

@@ -52,6 +52,7 @@ __all__ = [
     "TimelineInput",
     "VisibilityRecorder",
     "allowed",
+    "delete_newest_records_txn",
     "timeline_lock",
     "visibility_class",
 ]
@@ -78,6 +79,33 @@ def timeline_lock(room_id: str) -> str:
     persister, :mod:`roomstream.reading.backfill`): each appends relative to the room's
     last committed timeline event, so two must not decide that concurrently."""
     return f"roomstream.timeline:{room_id}"
+
+
+def delete_newest_records_txn(txn: Transaction, room_id: str, limit: int) -> bool:
+    """Delete up to about ``limit`` of the room's newest visibility records (rows of
+    ``timeline_events`` and ``visibility_memberships``); True if any remain. For a
+    rebuild (:mod:`roomstream.reading.backfill`): this module is the one writer of both
+    tables (``roomstream.storage.owners``)."""
+    txn.lock_exclusively(timeline_lock(room_id))
+    remain = False
+    for table in ("timeline_events", "visibility_memberships"):
+        # Rows at positions after the limit-th newest (several users may share one).
+        row = txn.query_one(
+            f"SELECT topological_ordering, stream_ordering FROM {table} WHERE room_id = ?"
+            " ORDER BY topological_ordering DESC, stream_ordering DESC LIMIT 1 OFFSET ?",
+            (room_id, limit),
+        )
+        if row is None:
+            txn.execute(f"DELETE FROM {table} WHERE room_id = ?", (room_id,))
+            continue
+        remain = True
+        topo, stream = int(row[0]), int(row[1])
+        txn.execute(
+            f"DELETE FROM {table} WHERE room_id = ? AND (topological_ordering > ?"
+            " OR (topological_ordering = ? AND stream_ordering > ?))",
+            (room_id, topo, topo, stream),
+        )
+    return remain
 
 
 def visibility_class(content: Mapping[str, Any] | None) -> int:

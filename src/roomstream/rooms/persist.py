@@ -56,10 +56,13 @@ from roomstream.rooms.store import (
     EventStore,
     LruCache,
     chunks,
+    current_state_txn,
     load_events_txn,
     placeholders,
     state_groups_txn,
 )
+from roomstream.rooms.transaction_ids import TransactionKey as TransactionKey
+from roomstream.rooms.transaction_ids import record_txn as record_transaction_ids_txn
 from roomstream.state.auth_chain_index import AuthChainIndex, ChainLink, ChainPosition
 from roomstream.state.cooperative import cooperate, off_loop
 from roomstream.state.groups import (
@@ -80,8 +83,6 @@ from roomstream.streams import StreamSet
 logger = logging.getLogger(__name__)
 
 CREATE_KEY: StateKey = ("m.room.create", "")
-#: (user ID, device ID, transaction ID) of a client's send.
-TransactionKey = tuple[str, str, str]
 
 
 @dataclass(eq=False)
@@ -1064,15 +1065,7 @@ class EventPersister:
         if p.transaction_ids:
             # A conflict can only come from a send of the same transaction persisted by
             # another writer (ownership moved mid-flight): keep the first record.
-            txn.executemany(
-                "INSERT INTO event_txn_ids"
-                " (event_id, room_id, user_id, device_id, txn_id, inserted_ts)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                [
-                    (event_id, room.room_id, user_id, device_id, txn_id, now)
-                    for event_id, (user_id, device_id, txn_id) in p.transaction_ids.items()
-                ],
-            )
+            record_transaction_ids_txn(txn, room.room_id, p.transaction_ids, now)
 
         if new_extremities is not None:
             txn.execute("DELETE FROM event_forward_extremities WHERE room_id = ?", (room.room_id,))
@@ -1293,13 +1286,7 @@ def _load_room_txn(
             "SELECT event_id FROM event_forward_extremities WHERE room_id = ?", (room_id,)
         )
     }
-    current = {
-        (r[0], r[1]): r[2]
-        for r in txn.query(
-            "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
-            (room_id,),
-        )
-    }
+    current = current_state_txn(txn, room_id)
     positions = [
         ChainPosition(r[0], int(r[1]), int(r[2]))
         for r in txn.query(
@@ -1392,3 +1379,10 @@ class _ResolutionStore:
         size = len(shared) + sum(len(d) for d in differing)
         index = self._room.index
         return await off_loop(size, index.auth_chain_difference_of_states, shared, differing)
+
+
+def set_room_public_txn(txn: Transaction, room_id: str, public: bool) -> None:
+    """Publish the room in the room directory, or withdraw it (``rooms.is_public``).
+    Here because this module is the one writer of ``rooms`` (``roomstream.storage.owners``):
+    it creates the row when the room's create event is persisted."""
+    txn.execute("UPDATE rooms SET is_public = ? WHERE room_id = ?", (public, room_id))

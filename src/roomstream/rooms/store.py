@@ -66,6 +66,19 @@ class LruCache(OrderedDict[str, Any]):
             self.popitem(last=False)
 
 
+def current_state_txn(txn: Transaction, room_id: str) -> StateMap:
+    """The room's current state, (type, state_key) -> event ID (empty for a room this
+    server does not know): the one query for it, used by every package."""
+    # Both engines return TEXT columns as str: no conversion per entry.
+    return {
+        (r[0], r[1]): r[2]
+        for r in txn.query(
+            "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
+            (room_id,),
+        )
+    }
+
+
 def load_events_txn(txn: Transaction, event_ids: Sequence[str]) -> dict[str, Event]:
     """Events by ID from their stored bytes (trusted: they were validated on the way in)."""
     result: dict[str, Event] = {}
@@ -204,13 +217,7 @@ class EventStore:
         return [r[0] for r in rows]
 
     async def get_current_state(self, room_id: str) -> StateMap:
-        rows = await self.db.run_interaction(
-            lambda t: t.query(
-                "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = ?",
-                (room_id,),
-            )
-        )
-        return {(r[0], r[1]): r[2] for r in rows}
+        return await self.db.run_interaction(current_state_txn, room_id)
 
     async def get_current_state_and_membership(
         self, room_id: str, user_id: str

@@ -1,0 +1,242 @@
+"""The latest rooms: a user's rooms by their latest activity, each with its latest
+events (the read behind an initial ``/sync`` and sliding sync's room lists)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any, Literal
+
+from roomstream.errors import InvalidParamError
+from roomstream.reading.changes import ChangeTracker
+from roomstream.reading.events import EventFormatter, EventRead, _Loaded
+from roomstream.reading.results import LatestRoomsPage, RoomsCursor, RoomTimeline
+from roomstream.reading.room_state import (
+    _current_state_ids_txn,
+    _state_ids_before_txn,
+)
+from roomstream.reading.timeline_rows import (
+    _COLUMNS,
+    _FROM,
+    MAX_POSITION,
+    MIN_POSITION,
+    _check_limit,
+    _chunks,
+    _load_views_txn,
+    _marks,
+    _page_txn,
+    _Row,
+    _to_row,
+    _to_rows,
+)
+from roomstream.reading.tokens import EventsToken, RoomPosition
+from roomstream.rooms.store import current_state_txn
+from roomstream.storage import Database, Transaction
+
+StateChoice = Literal["current", "timeline_start", "none"]
+
+#: Room state types an invited user is shown (the spec's suggested stripped state).
+INVITE_STATE_TYPES = frozenset(
+    {
+        "m.room.create",
+        "m.room.join_rules",
+        "m.room.name",
+        "m.room.avatar",
+        "m.room.canonical_alias",
+        "m.room.encryption",
+        "m.room.topic",
+    }
+)
+
+
+def _room_activity_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, int]:
+    """room -> stream ordering of its newest event (one index seek per room)."""
+    result: dict[str, int] = {}
+    for chunk in _chunks(list(room_ids)):
+        for room_id, stream in txn.query(
+            "SELECT r.room_id, (SELECT MAX(e.stream_ordering) FROM events e"
+            " WHERE e.room_id = r.room_id) FROM rooms r"
+            f" WHERE r.room_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            result[str(room_id)] = int(stream or 0)
+    return result
+
+
+def _latest_rows_txn(
+    txn: Transaction, room_ids: Sequence[str], limit: int
+) -> dict[str, list[_Row]]:
+    """Each room's latest ``limit`` timeline events, newest first: an index seek per
+    room. On PostgreSQL one statement (a LATERAL join over the room IDs: one round trip,
+    and the planner plans the seek once); on SQLite, which runs in this process, one
+    execution of the same prepared statement per room, which costs less than a UNION
+    ALL of per-room parts (2.6 against 3.5 ms for 100 rooms, 21 rows each)."""
+    order = " ORDER BY t.topological_ordering DESC, t.stream_ordering DESC"
+    if txn.engine_name == "postgres":
+        result: dict[str, list[_Row]] = {r: [] for r in room_ids}
+        for r in txn.query(
+            "SELECT x.* FROM unnest(?::text[]) AS q(room_id) CROSS JOIN LATERAL ("
+            f"SELECT t.room_id, {_COLUMNS} FROM {_FROM} WHERE t.room_id = q.room_id"
+            f"{order} LIMIT {int(limit)}) AS x",
+            (list(room_ids),),
+        ):
+            result[str(r[0])].append(_to_row(r[1:]))
+        for found in result.values():
+            found.sort(reverse=True)  # by position: a row's first fields
+        return result
+    sql = f"SELECT {_COLUMNS} FROM {_FROM} WHERE t.room_id = ?{order} LIMIT {int(limit)}"
+    return {room_id: _to_rows(txn.query(sql, (room_id,))) for room_id in room_ids}
+
+
+class LatestRooms(EventRead):
+    """The user's rooms by latest activity, each with its latest events."""
+
+    def __init__(self, db: Database, formatter: EventFormatter, changes: ChangeTracker) -> None:
+        super().__init__(db, formatter)
+        self._ingest = changes.ingest
+        self._rooms_for_user = changes.rooms_for_user
+        self._room_changes = changes.room_changes
+
+    async def latest_rooms(
+        self,
+        user_id: str,
+        *,
+        room_limit: int = 20,
+        event_limit: int = 20,
+        cursor: RoomsCursor | None = None,
+        state: StateChoice = "current",
+        memberships: Collection[str] = ("join", "invite", "leave", "ban"),
+        device_id: str | None = None,
+        _token: EventsToken | None = None,
+    ) -> LatestRoomsPage:
+        """The user's rooms ordered by their latest activity the user may see (newest
+        first, after ``cursor``), at most ``room_limit``, each with its latest
+        ``event_limit`` visible events and its current state (or the state at the start
+        of the returned timeline, or none). Invited (and knocked) rooms get no timeline
+        and, as state, the user's invite (or knock) event and the room's descriptive
+        state (name, topic, join rules...).
+        """
+        _check_limit(event_limit)
+        if room_limit < 1:
+            raise InvalidParamError("room_limit must be at least 1")
+        token = _token if _token is not None else await self._ingest()
+        users_rooms = await self._rooms_for_user(user_id)
+        # The change cache knows the latest event of every room that changed since it
+        # started: those rank above every other room, so usually no room's activity
+        # has to be read from the database.
+        horizon = self._room_changes.horizon
+        joined = (
+            sorted(r for r, m in users_rooms.items() if m == "join")
+            if "join" in memberships
+            else []
+        )
+        known: dict[str, int] = {}
+        for room_id in joined:
+            position = self._room_changes.get_max_position_of_entity(room_id)
+            if position > horizon:
+                known[room_id] = position
+        others = tuple(m for m in memberships if m != "join")
+        raw = await self.db.run_interaction(
+            self._latest_txn, user_id, room_limit, event_limit, cursor, state, joined, known,
+            horizon, others, device_id,
+        )  # fmt: skip
+        picked, more, loaded = raw
+        self._complete(loaded)
+        now = self._now()
+        rooms = []
+        for room_id, membership, activity, rows, limited, state_ids in picked:
+            prev_batch = (
+                RoomPosition.of_event(*rows[0].position) if rows else RoomPosition(*MIN_POSITION)
+            )
+            rooms.append(
+                RoomTimeline(
+                    room_id,
+                    membership,
+                    self._format_rows(rows, loaded, now),
+                    limited,
+                    prev_batch,
+                    self._format_ids(state_ids, loaded, now),
+                    activity,
+                )
+            )
+        next_cursor = (
+            RoomsCursor(rooms[-1].latest_activity, rooms[-1].room_id) if more and rooms else None
+        )
+        return LatestRoomsPage(rooms, next_cursor, token)
+
+    def _latest_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        room_limit: int,
+        event_limit: int,
+        cursor: RoomsCursor | None,
+        state: StateChoice,
+        joined: list[str],
+        known_activity: dict[str, int],
+        horizon: int,
+        others: tuple[str, ...],
+        device_id: str | None,
+    ) -> tuple[list[tuple[str, str, int, list[_Row], bool, list[str]]], bool, _Loaded]:
+        # Latest activity: the stream ordering of the room's newest event for members;
+        # of the user's membership event otherwise (nothing later is theirs to see,
+        # unless visibility lets them, which the timeline below still honours).
+        ranked = [(activity, room_id, "join", "") for room_id, activity in known_activity.items()]
+        if others:
+            for room_id, membership, event_id, stream in txn.query(
+                "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering"
+                " FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
+                " WHERE c.state_key = ? AND c.type = 'm.room.member'"
+                f" AND c.membership IN ({_marks(len(others))})",
+                (user_id, *others),
+            ):
+                ranked.append((int(stream), str(room_id), str(membership), str(event_id)))
+
+        def after_cursor(items: Iterable[tuple[int, str, str, str]]) -> list[Any]:
+            ordered = sorted(items, reverse=True)
+            if cursor is None:
+                return ordered
+            mark = (cursor.latest_activity, cursor.room_id)
+            return [c for c in ordered if (c[0], c[1]) < mark]
+
+        ordered = after_cursor(ranked)
+        above = [c for c in ordered if c[0] > horizon]
+        if len(above) <= room_limit:
+            # The rest of the page comes from rooms the cache knows nothing about.
+            unknown = [r for r in joined if r not in known_activity]
+            ranked.extend(
+                (activity, room_id, "join", "")
+                for room_id, activity in _room_activity_txn(txn, unknown).items()
+            )
+            ordered = after_cursor(ranked)
+        more = len(ordered) > room_limit
+        ordered = [(room, membership, event, activity) for activity, room, membership, event
+                   in ordered[:room_limit]]  # fmt: skip
+        # Invited and knocking users see no timeline, only the stripped state.
+        readable = [r[0] for r in ordered if r[1] not in ("invite", "knock")]
+        views, _ = _load_views_txn(txn, readable, user_id)
+        latest = _latest_rows_txn(txn, readable, event_limit + 1)
+        currents, flags = _current_state_ids_txn(txn, readable) if state == "current" else ({}, {})
+        picked: list[tuple[str, str, int, list[_Row], bool, list[str]]] = []
+        for room_id, membership, member_event, activity in ordered:
+            state_ids: list[str] = []
+            if membership in ("invite", "knock"):
+                current = current_state_txn(txn, room_id)
+                state_ids = [v for k, v in sorted(current.items()) if k[0] in INVITE_STATE_TYPES]
+                state_ids.append(member_event)
+                picked.append((room_id, membership, activity, [], False, state_ids))
+                continue
+            visible = _page_txn(
+                txn, room_id, views[room_id], MIN_POSITION, MAX_POSITION, True,
+                event_limit + 1, latest[room_id],
+            )  # fmt: skip
+            limited = len(visible) > event_limit
+            timeline = list(reversed(visible[:event_limit]))
+            if state == "current":
+                state_ids = currents[room_id]
+            elif state == "timeline_start" and timeline:
+                state_ids = _state_ids_before_txn(txn, timeline[0].event_id)
+            picked.append((room_id, membership, activity, timeline, limited, state_ids))
+        rows_all = [r for p in picked for r in p[3]]
+        state_all = [s for p in picked for s in p[5]]
+        loaded = self._load_txn(txn, rows_all, state_all, user_id, device_id, flags)
+        return picked, more, loaded

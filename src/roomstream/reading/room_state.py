@@ -1,0 +1,123 @@
+"""Reads of a room's state: at an event (before or after it, from its state groups),
+at a token, and the current state of many rooms with their redaction flags."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from roomstream.errors import ForbiddenError
+from roomstream.reading.events import EventRead, _Loaded
+from roomstream.reading.results import RoomStateView
+from roomstream.reading.timeline_rows import (
+    MIN_POSITION,
+    _chunks,
+    _marks,
+    _neighbour_before_txn,
+    _point_txn,
+    _redacted_by,
+)
+from roomstream.reading.tokens import EventsToken
+from roomstream.reading.visibility import WORLD_READABLE, visibility_class
+from roomstream.rooms.store import current_state_txn, load_events_txn
+from roomstream.state.groups import get_state_txn
+from roomstream.storage import Transaction
+
+
+def _current_state_ids_txn(
+    txn: Transaction, room_ids: Sequence[str]
+) -> tuple[dict[str, list[str]], dict[str, str | None]]:
+    """Each room's current state event IDs (sorted), and their redaction flags, read
+    with them."""
+    result: dict[str, list[str]] = {r: [] for r in room_ids}
+    flags: dict[str, str | None] = {}
+    for chunk in _chunks(list(room_ids)):
+        for room_id, event_id, redacted_by in txn.query(
+            f"SELECT c.room_id, c.event_id, {_redacted_by('c.event_id')}"
+            f" FROM current_state_events c WHERE c.room_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            result[room_id].append(event_id)
+            flags[event_id] = redacted_by
+    for ids in result.values():
+        ids.sort()
+    return result, flags
+
+
+def _state_groups_txn(txn: Transaction, event_id: str) -> tuple[int, int] | None:
+    row = txn.query_one(
+        "SELECT before_group, after_group FROM event_state WHERE event_id = ?", (event_id,)
+    )
+    return None if row is None else (int(row[0]), int(row[1]))
+
+
+def _state_after_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], str]:
+    groups = _state_groups_txn(txn, event_id)
+    return {} if groups is None else get_state_txn(txn, groups[1])
+
+
+def _state_ids_after_txn(txn: Transaction, event_id: str) -> list[str]:
+    return sorted(_state_after_txn(txn, event_id).values())
+
+
+def _state_before_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], str]:
+    groups = _state_groups_txn(txn, event_id)
+    return {} if groups is None else get_state_txn(txn, groups[0])
+
+
+def _state_at_token_txn(
+    txn: Transaction, room_id: str, token: EventsToken
+) -> dict[tuple[str, str], str]:
+    """The room's state after its latest timeline event ``token`` covers (empty when it
+    covers none): what a client synced up to ``token`` has."""
+    point = _point_txn(txn, room_id, token, MIN_POSITION)
+    event_id = _neighbour_before_txn(txn, room_id, point)
+    return {} if event_id is None else _state_after_txn(txn, event_id)
+
+
+def _state_ids_before_txn(txn: Transaction, event_id: str) -> list[str]:
+    groups = _state_groups_txn(txn, event_id)
+    return [] if groups is None else sorted(get_state_txn(txn, groups[0]).values())
+
+
+class RoomStateReads(EventRead):
+    """A room's state as a user may see it (the legacy room ``initialSync``)."""
+
+    async def room_state_for(self, user_id: str, room_id: str) -> RoomStateView:
+        """The room's state as the user may see it (the legacy room ``initialSync``): a
+        member sees the current state; one who left or was banned the state after their
+        leave (or ban) event; anyone else (invited, never joined) the current state of a
+        ``world_readable`` room only, as a peek (``membership`` None). ``M_FORBIDDEN``
+        otherwise, and for a room this server does not know."""
+        raw = await self.db.run_interaction(self._room_state_txn, user_id, room_id)
+        if raw is None:
+            raise ForbiddenError(f"user {user_id} may not see room {room_id}")
+        membership, member_event, state_ids, loaded = raw
+        self._complete(loaded)
+        return RoomStateView(
+            membership, member_event, self._format_ids(state_ids, loaded, self._now())
+        )
+
+    def _room_state_txn(
+        self, txn: Transaction, user_id: str, room_id: str
+    ) -> tuple[str | None, str | None, list[str], _Loaded] | None:
+        current = current_state_txn(txn, room_id)
+        if not current:
+            return None
+        own = current.get(("m.room.member", user_id))
+        row = (
+            None
+            if own is None
+            else txn.query_one("SELECT membership FROM events WHERE event_id = ?", (own,))
+        )
+        membership = None if row is None else str(row[0])
+        if membership == "join":
+            state_ids = sorted(current.values())
+        elif membership in ("leave", "ban") and own is not None:
+            state_ids = _state_ids_after_txn(txn, own)
+        else:
+            hv = current.get(("m.room.history_visibility", ""))
+            hv_event = None if hv is None else load_events_txn(txn, [hv]).get(hv)
+            if visibility_class(None if hv_event is None else hv_event.content) != WORLD_READABLE:
+                return None
+            membership, own, state_ids = None, None, sorted(current.values())
+        return membership, own, state_ids, self._load_txn(txn, (), state_ids, user_id, None)

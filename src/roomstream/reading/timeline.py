@@ -1,0 +1,268 @@
+"""New events since a token (the read behind an incremental ``/sync``): each room's
+newest visible events after one events-stream token up to another, and the helpers of
+lazy-loading members."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from roomstream.reading.changes import ChangeTracker
+from roomstream.reading.events import EventFormatter, EventRead, _Loaded
+from roomstream.reading.format import ClientEvent
+from roomstream.reading.latest_rooms import LatestRooms
+from roomstream.reading.results import RoomTimeline, SyncResult
+from roomstream.reading.room_state import (
+    _state_at_token_txn,
+    _state_before_txn,
+)
+from roomstream.reading.timeline_rows import (
+    _COLUMNS,
+    _FROM,
+    _check_limit,
+    _chunks,
+    _load_views_txn,
+    _marks,
+    _Row,
+    _to_row,
+    _View,
+)
+from roomstream.reading.tokens import EventsToken, PaginationToken, RoomPosition
+from roomstream.rooms.store import current_state_txn
+from roomstream.storage import Database, Transaction
+
+
+def _senders_txn(txn: Transaction, event_ids: Sequence[str]) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for chunk in _chunks(list(event_ids)):
+        for event_id, sender in txn.query(
+            f"SELECT event_id, sender FROM events WHERE event_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            result[str(event_id)] = str(sender)
+    return result
+
+
+def _lazy_members(
+    state: list[ClientEvent], timeline: list[ClientEvent], user_id: str
+) -> list[ClientEvent]:
+    """``state`` with only the ``m.room.member`` events of the timeline's senders and of
+    ``user_id`` (lazy-loading members)."""
+    wanted = {user_id, *(e.get("sender") for e in timeline)}
+    return [e for e in state if e.get("type") != "m.room.member" or e.get("state_key") in wanted]
+
+
+def _new_rows_txn(
+    txn: Transaction,
+    room_id: str,
+    view: _View,
+    since: EventsToken,
+    upto: EventsToken,
+    limit: int,
+) -> tuple[list[_Row], bool]:
+    """The newest ``limit`` visible events of the room after ``since`` up to ``upto``
+    (stream order, oldest first), and whether more were left out."""
+    visible: list[_Row] = []
+    upper = upto.maximum
+    batch = limit + 1
+    while len(visible) <= limit:
+        rows = [
+            _to_row(r)
+            for r in txn.query(
+                f"SELECT {_COLUMNS} FROM {_FROM} WHERE t.room_id = ?"
+                " AND t.stream_ordering > ? AND t.stream_ordering <= ?"
+                " ORDER BY t.stream_ordering DESC LIMIT ?",
+                (room_id, since.minimum, upper, batch),
+            )
+        ]
+        for row in rows:
+            if (
+                upto.covers(row.instance_name, row.stream)
+                and not since.covers(row.instance_name, row.stream)
+                and view.visible(row)
+            ):
+                visible.append(row)
+        if len(rows) < batch:
+            break
+        upper = rows[-1].stream - 1
+        batch = min(batch * 4, 4000)
+    limited = len(visible) > limit
+    return list(reversed(visible[:limit])), limited
+
+
+class NewEvents(EventRead):
+    """New events since a token in the user's rooms (``/sync``)."""
+
+    def __init__(
+        self, db: Database, formatter: EventFormatter, changes: ChangeTracker, latest: LatestRooms
+    ) -> None:
+        super().__init__(db, formatter)
+        self._ingest = changes.ingest
+        self._rooms_for_user = changes.rooms_for_user
+        self._room_changes = changes.room_changes
+        self._member_changes = changes.member_changes
+        self.latest_rooms = latest.latest_rooms
+
+    async def sync(
+        self,
+        user_id: str,
+        since: EventsToken | None,
+        *,
+        timeline_limit: int = 10,
+        device_id: str | None = None,
+        full_state: bool = False,
+        lazy_members: bool = False,
+    ) -> SyncResult:
+        """Every visible event in the user's rooms after ``since``, per room (newest
+        ``timeline_limit``, with ``limited`` and ``prev_batch``), plus the user's own
+        membership changes in any room. ``since=None`` is an initial sync: the latest
+        ``timeline_limit`` events of every room the user is joined to (or invited to,
+        or left), with current state.
+
+        State of an incremental sync (spec: the state at the start of the timeline,
+        minus what the client had at ``since``): none for a timeline that follows on
+        from ``since``; for a ``limited`` one, the entries of the state before its first
+        event that differ from the state at ``since``; the whole state before the first
+        event for rooms whose membership of the user changed. ``full_state``: every
+        joined room is in the result, each with its whole state at the start of its
+        timeline (current state when it has no new events).
+
+        ``lazy_members`` (lazy-loading members): of the ``m.room.member`` state, only
+        the events of the timeline's senders and of the user, taken from the state at
+        the start of the timeline (current state for an initial sync) whether or not
+        they changed; the caller drops the ones it knows the device already has.
+
+        Rooms whose events-stream position has not moved since ``since`` are skipped
+        from the change cache without a query (unless ``full_state``).
+        """
+        _check_limit(timeline_limit)
+        upto = await self._ingest()
+        rooms = await self._rooms_for_user(user_id)
+        if since is None:
+            page = await self.latest_rooms(
+                user_id,
+                room_limit=max(1, len(rooms)),
+                event_limit=timeline_limit,
+                device_id=device_id,
+                _token=upto,
+            )
+            if lazy_members:
+                for timeline in page.rooms:
+                    if timeline.membership != "invite":
+                        timeline.state = _lazy_members(timeline.state, timeline.events, user_id)
+            return SyncResult(upto, {r.room_id: r for r in page.rooms}, [])
+        floor = since.minimum
+        # The rooms changed since the floor, from the change cache when it knows them
+        # and they are fewer than the user's rooms (a wake then costs what changed, not
+        # the number of rooms the user is in); full_state asks for every joined room.
+        changed = None if full_state else self._room_changes.get_all_entities_changed(floor)
+        if changed is not None and len(changed) < len(rooms):
+            candidates = sorted({r for r in changed if rooms.get(r) == "join"})
+        else:
+            candidates = sorted(
+                r
+                for r, m in rooms.items()
+                if m == "join" and (full_state or self._room_changes.has_entity_changed(r, floor))
+            )
+        members_changed = self._member_changes.has_entity_changed(user_id, floor)
+        if not candidates and not members_changed:
+            return SyncResult(upto.advance(since), {}, [])
+        raw = await self.db.run_interaction(
+            self._sync_txn, user_id, candidates, members_changed, since, upto, timeline_limit,
+            device_id, full_state, lazy_members,
+        )  # fmt: skip
+        timelines, changes, loaded = raw
+        self._complete(loaded)
+        now = self._now()
+        result: dict[str, RoomTimeline] = {}
+        for room_id, (rows, limited, state_ids) in timelines.items():
+            prev_batch: PaginationToken = (
+                RoomPosition.of_event(*min(r.position for r in rows)) if rows else since
+            )
+            result[room_id] = RoomTimeline(
+                room_id,
+                rooms.get(room_id),
+                self._format_rows(rows, loaded, now),
+                limited,
+                prev_batch,
+                self._format_ids(state_ids, loaded, now),
+                max((r.stream for r in rows), default=0),
+            )
+        membership = [
+            self._format(event_id, replaces, loaded, now) for event_id, replaces in changes
+        ]
+        # A token from a process that has seen further than this one: never go back.
+        return SyncResult(upto.advance(since), result, membership)
+
+    def _sync_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        candidates: list[str],
+        members_changed: bool,
+        since: EventsToken,
+        upto: EventsToken,
+        limit: int,
+        device_id: str | None,
+        full_state: bool = False,
+        lazy_members: bool = False,
+    ) -> tuple[
+        dict[str, tuple[list[_Row], bool, list[str]]], list[tuple[str, str | None]], _Loaded
+    ]:
+        changes: list[tuple[str, str | None, str]] = []
+        if members_changed:
+            for event_id, room_id, stream, writer in txn.query(
+                "SELECT event_id, room_id, stream_ordering, instance_name FROM events"
+                " WHERE type = 'm.room.member' AND state_key = ? AND stream_ordering > ?"
+                " AND stream_ordering <= ? AND rejected_reason IS NULL AND soft_failed = ?"
+                " ORDER BY stream_ordering",
+                (user_id, since.minimum, upto.maximum, False),
+            ):
+                if not since.covers(writer, int(stream)) and upto.covers(writer, int(stream)):
+                    changes.append((str(event_id), None, str(room_id)))
+        changed_rooms = {c[2] for c in changes}
+        room_ids = sorted(set(candidates) | changed_rooms)
+        views, _ = _load_views_txn(txn, room_ids, user_id)
+        timelines: dict[str, tuple[list[_Row], bool, list[str]]] = {}
+        for room_id in room_ids:
+            rows, limited = _new_rows_txn(txn, room_id, views[room_id], since, upto, limit)
+            if not rows and room_id not in changed_rooms and not full_state:
+                continue
+            state: dict[tuple[str, str], str] = {}
+            # The state at the start of the timeline (current state without one).
+            start: dict[tuple[str, str], str] | None = None
+            if rows:
+                if full_state or limited or room_id in changed_rooms or lazy_members:
+                    start = _state_before_txn(txn, rows[0].event_id)
+            elif full_state:
+                start = current_state_txn(txn, room_id)
+            if start is not None:
+                if full_state or room_id in changed_rooms:
+                    state = start
+                elif limited:
+                    had = _state_at_token_txn(txn, room_id, since)
+                    state = {k: v for k, v in start.items() if had.get(k) != v}
+                if lazy_members:
+                    wanted = {user_id, *_senders_txn(txn, [r.event_id for r in rows]).values()}
+                    state = {
+                        k: v for k, v in state.items() if k[0] != "m.room.member" or k[1] in wanted
+                    }
+                    for member in wanted:
+                        found = start.get(("m.room.member", member))
+                        if found is not None:
+                            state[("m.room.member", member)] = found
+            timelines[room_id] = (rows, limited, sorted(state.values()))
+        replaces: dict[str, str | None] = {}
+        if changes:
+            for chunk in _chunks([c[0] for c in changes]):
+                replaces.update(
+                    txn.query(
+                        "SELECT event_id, replaces_state FROM timeline_events"
+                        f" WHERE event_id IN ({_marks(len(chunk))})",
+                        chunk,
+                    )
+                )
+        rows_all = [r for rows, _, _ in timelines.values() for r in rows]
+        others = [c[0] for c in changes] + [v for v in replaces.values() if v]
+        others += [s for _, _, state in timelines.values() for s in state]
+        loaded = self._load_txn(txn, rows_all, others, user_id, device_id)
+        return timelines, [(c[0], replaces.get(c[0])) for c in changes], loaded
