@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
@@ -81,6 +81,7 @@ from roomstream.httpbase import (
 )
 from roomstream.listener import HttpListener
 from roomstream.metrics import CONTENT_TYPE_LATEST, http_metrics_middleware
+from roomstream.replication.endpoints import _field, _identifier_field, _is_identifier
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
@@ -128,38 +129,6 @@ def _int_param(request: web.Request, name: str, default: int | None = None) -> i
     if not digits.isascii() or not digits.isdigit() or len(raw) > 20:
         raise MatrixError(400, Codes.INVALID_PARAM, f"{name} must be an integer")
     return int(raw)
-
-
-def _is_identifier(value: str) -> bool:
-    """An ID or event type we can store: 1..255 characters, none of them a control
-    character (NUL, for one, is refused by PostgreSQL text columns)."""
-    return 0 < len(value) <= 255 and value.isprintable()
-
-
-T = TypeVar("T")
-
-
-def _field(body: dict[str, Any], name: str, kind: type[T], *, optional: bool = False) -> T:
-    """``body[name]`` of JSON type ``kind`` (``None`` when optional and absent)."""
-    value = body.get(name)
-    if value is None:
-        if optional:
-            return None  # type: ignore[return-value]
-        raise MatrixError(400, Codes.MISSING_PARAM, f"{name} is required")
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise MatrixError(400, Codes.BAD_JSON, f"{name} must be a {kind.__name__}")
-    return value
-
-
-def _identifier_field(
-    body: dict[str, Any], name: str, *, sigil: str = "", optional: bool = False
-) -> str:
-    """A string field that is an ID or type (:func:`_is_identifier`), starting with
-    ``sigil``."""
-    value = _field(body, name, str, optional=optional)
-    if value is not None and (not _is_identifier(value) or not value.startswith(sigil)):
-        raise MatrixError(400, Codes.INVALID_PARAM, f"{name} is not a valid ID: {value[:300]!r}")
-    return value
 
 
 SendEvent = Callable[
