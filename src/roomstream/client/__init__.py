@@ -44,6 +44,7 @@ from roomstream.client.userdata_routes import userdata_routes
 from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
 from roomstream.config import Config
 from roomstream.reading import RoomReader
+from roomstream.replication import endpoints as ep
 from roomstream.replication.http import InternalHttpClient
 from roomstream.rooms.engine import RoomEngine
 from roomstream.streams import InMemoryStream, StreamIdGenerator
@@ -231,7 +232,8 @@ def _token_invalidation(
     client = http_client
 
     async def forward(user_id: str, device_id: str | None) -> None:
-        await forwarded_call(writer, client.client_end_sessions(writer, user_id, device_id))
+        call = ep.EndSessionsCall(user_id, device_id)
+        await forwarded_call(writer, client.call(ep.END_SESSIONS, writer, call))
 
     return None, forward
 
