@@ -24,7 +24,7 @@ from roomstream.homeserver import open_room_engine
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 SERVER_NAME = "test.local"
 

@@ -30,7 +30,7 @@ from roomstream.client.sync import SyncToken
 from roomstream.config import parse_config
 from roomstream.replication.sharding import writer_for_room
 from tests.client.conftest import ServerProcess
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

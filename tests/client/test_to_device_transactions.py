@@ -14,7 +14,7 @@ from roomstream.config import parse_config
 from roomstream.replication.endpoints import TO_DEVICE, ToDeviceCall
 from roomstream.replication.http import InternalHttpClient, InternalHttpServer
 from tests.client.conftest import Homeserver, User
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 
 async def _login(hs: Homeserver, name: str) -> User:

@@ -32,8 +32,8 @@ from psycopg import sql
 from roomstream.config import parse_config
 from roomstream.errors import MatrixError
 from roomstream.replication.http import InternalHttpClient
-from tests.ports import free_port
-from tests.sharding import rooms_by_owner
+from tests.support.ports import free_port
+from tests.support.sharding import rooms_by_owner
 
 # Three processes under continuous load: slow on a busy machine. Every wait below is bounded
 # generously in seconds (only a failing run reaches a bound) or by a count of events.

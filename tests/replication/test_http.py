@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from roomstream.replication.http import PREFIX
-from tests.sharding import room_ids_for_writer, rooms_by_owner
+from tests.support.sharding import room_ids_for_writer, rooms_by_owner
 
 from .test_replication_nodes import (
     ClusterFactory,

@@ -45,7 +45,7 @@ from roomstream.replication.secret import (
     secret_path,
 )
 from roomstream.storage import DatabaseConfig
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 from .test_replication_nodes import (
     Cluster,

@@ -25,7 +25,7 @@ from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.worker import ReplicationNode
 from roomstream.storage import DatabaseConfig, Transaction
 from roomstream.streams import STREAMS
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 TRANSPORTS = ("tcp", "redis")
 
