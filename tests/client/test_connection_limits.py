@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from roomstream.storage import DatabaseConfig
-from tests.client.conftest import SERVER_NAME, ServerProcess
+from tests.support.homeserver import SERVER_NAME, ServerProcess
 from tests.support.ports import free_port
 
 HEADER_TIMEOUT = 1.0

@@ -29,7 +29,7 @@ from roomstream.homeserver import open_room_engine
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
-from tests.client.conftest import make_config
+from tests.support.homeserver import make_config
 
 
 @dataclass

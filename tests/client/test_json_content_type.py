@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 from roomstream.config import Config
 from roomstream.replication.http import PREFIX, InternalHttpServer
 from roomstream.storage import DatabaseConfig
-from tests.client.conftest import Homeserver, make_config
+from tests.support.homeserver import Homeserver, make_config
 
 
 async def _content_type(

@@ -29,7 +29,7 @@ from psycopg import sql
 from roomstream.client.sync import SyncToken
 from roomstream.config import parse_config
 from roomstream.replication.sharding import writer_for_room
-from tests.client.conftest import ServerProcess
+from tests.support.homeserver import ServerProcess
 from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

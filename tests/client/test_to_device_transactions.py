@@ -13,7 +13,7 @@ from roomstream.client.userdata import TO_DEVICE_TRANSACTION_KEPT_MS
 from roomstream.config import parse_config
 from roomstream.replication.endpoints import TO_DEVICE, ToDeviceCall
 from roomstream.replication.http import InternalHttpClient, InternalHttpServer
-from tests.client.conftest import Homeserver, User
+from tests.support.homeserver import Homeserver, User
 from tests.support.ports import free_port
 
 
