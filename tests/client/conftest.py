@@ -17,6 +17,7 @@ from roomstream.client import build_client_api
 from roomstream.homeserver import open_room_engine
 from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
+from tests.support.cluster import USER_DATA_WRITERS, Cluster, run_cluster
 from tests.support.homeserver import (
     SERVER_NAME,
     Homeserver,
@@ -81,3 +82,18 @@ async def running_server(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIter
     finally:
         await server.stop()
     assert not server.errors(), "".join(server.output[-80:])
+
+
+# -- several `roomstream run` processes (PostgreSQL, Redis) -----------------------------
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, pg_database: str, redis_url: str) -> AsyncIterator[Cluster]:
+    async with run_cluster(tmp_path, pg_database, {}) as running:
+        yield running
+
+
+@pytest.fixture
+async def split_cluster(tmp_path: Path, pg_database: str, redis_url: str) -> AsyncIterator[Cluster]:
+    async with run_cluster(tmp_path, pg_database, USER_DATA_WRITERS) as running:
+        yield running
