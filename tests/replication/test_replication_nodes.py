@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,48 +17,15 @@ import orjson
 import pytest
 
 from roomstream.caches import CacheInvalidator, stream_invalidation_txn
-from roomstream.config import Config, parse_config
+from roomstream.config import Config
 from roomstream.homeserver import Homeserver, open_room_engine
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.worker import ReplicationNode
 from roomstream.storage import DatabaseConfig, Transaction
 from roomstream.streams import STREAMS
 from tests.support.ports import free_port
-
-TRANSPORTS = ("tcp", "redis")
-
-
-async def wait_for(predicate: Callable[[], bool], limit: float = 60.0, what: str = "") -> None:
-    """Poll ``predicate`` until true; fail after ``limit`` seconds (a deadline, not a sleep:
-    generous, since it only bounds how long a failing test takes on a loaded machine)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        await asyncio.sleep(0.005)
-
-
-def make_config(
-    db_config: DatabaseConfig,
-    tmp_path: Path,
-    transport: str,
-    *,
-    stream_writers: dict[str, list[str]],
-    instances: dict[str, dict[str, Any]],
-    replication: dict[str, Any] | None = None,
-) -> Config:
-    database = {k: v for k, v in asdict(db_config).items() if k != "options"}
-    return parse_config(
-        {
-            "server_name": f"hs-{uuid.uuid4().hex[:10]}.test",  # one Redis channel per test
-            "data_dir": str(tmp_path / "data"),
-            "database": database,
-            "stream_writers": stream_writers,
-            "instances": instances,
-            "replication": {"transport": transport, **(replication or {})},
-        }
-    )
+from tests.support.replication import TRANSPORTS, make_config
+from tests.support.wait import wait_for
 
 
 class Cluster:
