@@ -17,7 +17,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from roomstream.pipelines.dbio import options_from_config
 from roomstream.pipelines.sinks import DatabaseSink, start_parquet_stream
 from roomstream.storage import Database, DatabaseConfig
-from tests.pipelines.helpers import (
+from tests.support.pipelines import (
     create_delivered_txn,
     delivered_txn,
     events_generator,

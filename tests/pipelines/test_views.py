@@ -20,7 +20,7 @@ from roomstream.pipelines.views import (
     summarize_facts,
 )
 from roomstream.storage import Database, DatabaseConfig, Transaction
-from tests.pipelines.scenario import PRIV, PUB, SOLO, Scenario
+from tests.support.pipelines_scenario import PRIV, PUB, SOLO, Scenario
 
 pytestmark = pytest.mark.spark
 

@@ -1,6 +1,6 @@
 """Every read, for every user, returns exactly what the naive oracle allows.
 
-Random rooms (``tests/reading/scenario.py``: joins, leaves, invites, kicks, bans,
+Random rooms (``tests/support/reading_scenario.py``: joins, leaves, invites, kicks, bans,
 rejoins, visibility changes, messages, redactions, forks, a redaction before its target)
 on both engines. For each user (members, ex-members, the invited, one who never joined)
 the test compares with the oracle, which evaluates the spec's rules from
@@ -41,7 +41,7 @@ from roomstream.reading import visibility as visibility_module
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig, connect, prepare_database
 from roomstream.streams import StreamSet
-from tests.reading.scenario import SERVER, Move, Oracle, PlayedRoom, Player, scripts
+from tests.support.reading_scenario import SERVER, Move, Oracle, PlayedRoom, Player, scripts
 
 
 async def check_room(engine: RoomEngine, reader: RoomReader, played: PlayedRoom) -> None:
