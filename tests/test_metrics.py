@@ -22,9 +22,8 @@ from roomstream.replication.commands import PositionCommand, RdataCommand
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import InternalHttpClient
 from roomstream.replication.secret import effective_shared_secret
+from tests.support.ports import free_port
 from tests.support.wait import wait_for
-
-from .ports import free_port
 
 _RUN = [sys.executable, "-m", "roomstream.cli"]
 

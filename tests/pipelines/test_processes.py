@@ -16,8 +16,8 @@ from roomstream.pipelines.cluster import standalone_cluster
 from roomstream.pipelines.views import MappingContentLookup, read_snapshot, rebuild_views
 from roomstream.storage import Database, DatabaseConfig, connect, prepare_database
 from tests.pipelines.job import CRASH_EXIT
-from tests.pipelines.test_views import contents_txn
 from tests.support.pipelines import (
+    contents_txn,
     create_delivered_txn,
     delivered_txn,
     events_generator,

@@ -41,8 +41,15 @@ from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
 from roomstream.storage.migrations import load_migrations, split_statements
 from roomstream.streams import StreamSet
-from tests.reading.test_visibility_properties import FIXED, check_room
-from tests.support.reading_scenario import SERVER, Move, PlayedRoom, Player, scripts
+from tests.support.reading_scenario import (
+    FIXED,
+    SERVER,
+    Move,
+    PlayedRoom,
+    Player,
+    check_room,
+    scripts,
+)
 
 Rows = list[tuple[Any, ...]]
 

@@ -7,203 +7,21 @@ Tests that make sense on both transports are parametrised over ``tcp`` and ``red
 
 from __future__ import annotations
 
-import asyncio
-import io
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
-from typing import Any
-
-import orjson
 import pytest
 
-from roomstream.caches import CacheInvalidator, stream_invalidation_txn
-from roomstream.config import Config
-from roomstream.homeserver import Homeserver, open_room_engine
-from roomstream.replication.secret import effective_shared_secret
-from roomstream.replication.worker import ReplicationNode
-from roomstream.storage import DatabaseConfig, Transaction
-from roomstream.streams import STREAMS
-from tests.support.ports import free_port
-from tests.support.replication import TRANSPORTS, make_config
+from roomstream.caches import CacheInvalidator
+from tests.support.replication import (
+    TRANSPORTS,
+    ClusterFactory,
+    Recorder,
+    assert_exactly_once_in_order,
+    caches_writer_and_reader,
+    caught_up,
+    db_cache_rows,
+    tcp_instances,
+    write_invalidations,
+)
 from tests.support.wait import wait_for
-
-
-class Cluster:
-    """Starts nodes of one configuration and stops them all."""
-
-    def __init__(self, config: Config, tmp_path: Path) -> None:
-        self.config = config
-        self.tmp_path = tmp_path
-        self.nodes: dict[str, ReplicationNode] = {}
-        #: The whole process of each node (its listeners and Client-Server API).
-        self.servers: dict[str, Homeserver] = {}
-
-    async def start(self, name: str, **kwargs: Any) -> ReplicationNode:
-        config = self.config.with_instance(name)
-        engine = await open_room_engine(config)
-        server = Homeserver(config, engine, **kwargs)
-        await server.start()
-        self.servers[name] = server
-        self.nodes[name] = server.replication
-        return server.replication
-
-    async def stop(self, name: str) -> None:
-        del self.nodes[name]
-        server = self.servers.pop(name)
-
-        async def stop_node() -> None:
-            await server.stop()
-            await server.engine.close()
-
-        # A stop that hangs fails with the stuck tasks' stacks, instead of an opaque
-        # pytest-timeout much later (asyncio.wait, unlike wait_for, does not cancel it).
-        task = asyncio.ensure_future(stop_node())
-        done, _ = await asyncio.wait({task}, timeout=60)
-        if not done:
-            raise AssertionError(f"stopping {name} hung:\n{task_stacks()}")
-        task.result()
-
-    async def close(self) -> None:
-        for name in list(self.nodes):
-            await self.stop(name)
-
-
-def task_stacks() -> str:
-    """Every pending asyncio task with its stack, for a failure message."""
-    out = io.StringIO()
-    for task in asyncio.all_tasks():
-        out.write(f"--- {task!r}\n")
-        task.print_stack(file=out)
-    return out.getvalue()
-
-
-ClusterFactory = Callable[..., Awaitable[Cluster]]
-
-
-@pytest.fixture
-async def cluster_factory(
-    db_config: DatabaseConfig, tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[ClusterFactory]:
-    clusters: list[Cluster] = []
-
-    async def factory(transport: str, **kwargs: Any) -> Cluster:
-        if transport == "redis":
-            request.getfixturevalue("redis_url")  # fails under CI=true when Redis is down
-        cluster = Cluster(make_config(db_config, tmp_path, transport, **kwargs), tmp_path)
-        clusters.append(cluster)
-        return cluster
-
-    try:
-        yield factory
-    finally:
-        for cluster in clusters:
-            await cluster.close()
-
-
-def tcp_instances(*names: str, http: bool = False) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for name in names:
-        spec: dict[str, Any] = {"replication_port": free_port()}
-        if http:
-            spec["http_port"] = free_port()
-            spec["internal_port"] = free_port()
-        out[name] = spec
-    return out
-
-
-def internal_auth(config: Config) -> dict[str, str]:
-    """The header the internal HTTP API wants from every caller."""
-    return {"Authorization": f"Bearer {effective_shared_secret(config)}"}
-
-
-async def caches_writer_and_reader(
-    cluster_factory: ClusterFactory, transport: str
-) -> tuple[Cluster, ReplicationNode, ReplicationNode]:
-    """Start the commonest cluster here: ``w1`` writes ``caches`` (and ``events``), and a
-    ``reader`` follows it."""
-    cluster = await cluster_factory(
-        transport,
-        stream_writers={"caches": ["w1"], "events": ["w1"]},
-        instances=tcp_instances("w1", "reader"),
-    )
-    return cluster, await cluster.start("w1"), await cluster.start("reader")
-
-
-class Recorder:
-    """Wraps a node's follower callbacks to record what it processed."""
-
-    def __init__(self, node: ReplicationNode) -> None:
-        self.rows: list[tuple[str, str, int, Any]] = []
-        self.tokens: list[tuple[str, str, int]] = []
-        inner_process = node.process
-
-        def process(stream: str, writer: str, token: int, rows: list[Any]) -> None:
-            self.tokens.append((stream, writer, token))
-            self.rows.extend((stream, writer, token, row) for row in rows)
-            inner_process(stream, writer, token, rows)
-
-        node.follower.callbacks = _Callbacks(process, node.advanced)
-
-
-class _Callbacks:
-    def __init__(self, process: Any, advanced: Any) -> None:
-        self.process = process
-        self.advanced = advanced
-
-
-def _invalidate_many_txn(txn: Transaction, stream_id: int, instance: str, names: list[str]) -> None:
-    for name in names:
-        stream_invalidation_txn(txn, stream_id, instance, name, ["k", name], 1)
-
-
-async def write_invalidations(node: ReplicationNode, count: int, rows_per_fact: int = 1) -> None:
-    generator = node.engine.streams.generator("caches")
-    for i in range(count):
-        names = [f"cache{i}_{j}" for j in range(rows_per_fact)]
-        async with generator.reserve() as stream_id:
-            await node.engine.db.run_interaction(
-                _invalidate_many_txn, stream_id, node.instance_name, names
-            )
-
-
-async def db_cache_rows(node: ReplicationNode, writer: str) -> list[tuple[int, list[Any]]]:
-    rows = await node.engine.db.run_interaction(
-        lambda txn: txn.query(
-            "SELECT stream_id, cache_func, keys, invalidation_ts FROM cache_invalidations"
-            " WHERE instance_name = ? ORDER BY stream_id, cache_func",
-            (writer,),
-        )
-    )
-    return [(int(r[0]), [r[1], orjson.loads(r[2]), int(r[3])]) for r in rows]
-
-
-def caught_up(reader: ReplicationNode, writer: ReplicationNode, stream: str) -> Callable[[], bool]:
-    """The writer has stored (so announced) everything it completed, and the reader has
-    processed up to that position. (Writers may store positions in the background, so
-    "stored" alone can lag behind facts that are already committed.)"""
-    streams = writer.engine.streams
-
-    def check() -> bool:
-        token = writer.broadcaster.stored_token(stream)
-        if stream in streams:
-            generator = streams.generator(stream)
-            local = generator.get_local_position()
-            if (-local if STREAMS[stream].negative else local) != token:
-                return False
-        return reader.follower.processed(stream, writer.instance_name) == token
-
-    return check
-
-
-def assert_exactly_once_in_order(
-    recorded: list[tuple[str, str, int, Any]], expected: list[tuple[int, list[Any]]]
-) -> None:
-    got = [(token, list(row)) for _, _, token, row in recorded]
-    # Within a token the order of rows follows the table; compare as sorted groups.
-    assert sorted(got, key=lambda x: (x[0], x[1][0])) == expected
-    tokens = [t for t, _ in got]
-    assert tokens == sorted(tokens), "rows processed out of order"
-
 
 # ---------------------------------------------------------------------------------------
 
