@@ -140,7 +140,8 @@ class InternalHttpServer(HttpListener):
     that present the deployment's secret.
 
     ``send_event`` / ``create_room`` persist locally (None: this instance is no events
-    writer); ``status`` supplies the health document's extra fields.
+    writer); ``status`` supplies the health document's extra fields; ``client_writes``
+    binds handlers to the endpoints of :data:`CLIENT_WRITES` (an unbound one answers 421).
     """
 
     def __init__(
