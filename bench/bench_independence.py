@@ -7,7 +7,7 @@ On each engine (SQLite in a temporary directory; PostgreSQL in a throwaway datab
 1. ``alone``: 20 messages sent one after another into a quiet room (``create_event``:
    auth, hash, sign, persist, commit), each timed from the call to the announcement of
    its position on the ``events`` stream (what replication sends): its own cost.
-2. ``merge``: a slow room (``tests/rooms/independence.py``: two branches of power levels
+2. ``merge``: a slow room (``tests/support/independence.py``: two branches of power levels
    changes listing 1,500 users each) persists its merge event alone: wall and CPU time.
 3. ``during``: a second, identical slow room persists its merge; once its state
    resolution has begun, the same 20 sends run in the quiet room. Their latency, and
@@ -38,7 +38,7 @@ from common import PG_ADMIN_DSN, describe_machine, machine_info, markdown_table,
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' scenario
 
-from tests.rooms.independence import (
+from tests.support.independence import (
     ALICE,
     Announcements,
     Send,

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import pyspark  # noqa: E402
-from tests.pipelines.helpers import events_generator, message, write_events  # noqa: E402
+from tests.support.pipelines import events_generator, message, write_events  # noqa: E402
 
 from roomstream.pipelines.session import spark_session  # noqa: E402
 from roomstream.pipelines.views import ViewsSink, start_views_query  # noqa: E402

@@ -6,9 +6,10 @@ import socket
 import uuid
 from pathlib import Path
 
-from .command import run_cli
+from tests.support.command import run_cli
+from tests.support.ports import free_port
+
 from .conftest import pg_dsn
-from .ports import free_port
 
 
 def test_run_creates_a_room_and_shows_the_events_stream(tmp_path: Path) -> None:

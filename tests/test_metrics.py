@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +22,8 @@ from roomstream.replication.commands import PositionCommand, RdataCommand
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import InternalHttpClient
 from roomstream.replication.secret import effective_shared_secret
-
-from .ports import free_port
+from tests.support.ports import free_port
+from tests.support.wait import wait_for
 
 _RUN = [sys.executable, "-m", "roomstream.cli"]
 
@@ -131,19 +129,10 @@ async def test_metrics_of_real_instances_after_traffic(
     ports = {name: raw["instances"][name]["internal_port"] for name in ("w1", "reader")}
     auth = {"Authorization": f"Bearer {effective_shared_secret(config)}"}
 
-    async def wait_for(check: Any, what: str, limit: float = 60) -> Any:
-        deadline = time.monotonic() + limit
-        while True:
-            try:
-                result = await check()
-            except (aiohttp.ClientError, OSError, MatrixError):
-                result = None  # not listening yet
-            if result:
-                return result
-            assert time.monotonic() < deadline, f"timed out waiting for {what}: " + "".join(
-                log.read_text(errors="replace") for log in logs.values()
-            )
-            await asyncio.sleep(0.05)
+    def logs_text() -> str:
+        return "".join(log.read_text(errors="replace") for log in logs.values())
+
+    not_listening_yet = (aiohttp.ClientError, OSError, MatrixError)
 
     try:
         async with aiohttp.ClientSession(headers=auth) as http:
@@ -160,7 +149,13 @@ async def test_metrics_of_real_instances_after_traffic(
                         return False
                 return True
 
-            await wait_for(ready, "both instances healthy")
+            await wait_for(
+                ready,
+                what="both instances healthy",
+                interval=0.05,
+                ignoring=not_listening_yet,
+                details=logs_text,
+            )
             room = await client.create_room("w1", "@alice:metrics.test", "metrics")
             last = 0
             for i in range(5):
@@ -205,7 +200,13 @@ async def test_metrics_of_real_instances_after_traffic(
                 linear = _value(samples, "roomstream_stream_linear_position", stream="events")
                 return samples if linear == last else None
 
-            reader = await wait_for(reader_caught_up, "the reader's linear position")
+            reader = await wait_for(
+                reader_caught_up,
+                what="the reader's linear position",
+                interval=0.05,
+                ignoring=not_listening_yet,
+                details=logs_text,
+            )
             assert _value(reader, "roomstream_replication_connections", kind="client") == 1
             assert (
                 _value(reader, "roomstream_stream_position", stream="events", writer="w1") == last

@@ -19,8 +19,7 @@ from typing import Any
 import yaml
 
 from roomstream.storage import DatabaseConfig
-
-from .ports import free_port
+from tests.support.ports import free_port
 
 PROCESSES = 6
 ROUNDS = 3

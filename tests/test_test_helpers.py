@@ -1,4 +1,5 @@
-"""The helpers that keep tests deterministic (``tests/sharding.py``, ``tests/ports.py``)."""
+"""The helpers that keep tests deterministic (``tests/support/sharding.py``,
+``tests/support/ports.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from roomstream.replication.sharding import writer_for_room
-from tests.ports import free_port
-from tests.sharding import room_ids_for_writer, rooms_by_owner
+from tests.support.ports import free_port
+from tests.support.sharding import room_ids_for_writer, rooms_by_owner
 
 WRITERS = ["w1", "w2", "w3"]
 

@@ -142,7 +142,7 @@ class Homeserver:
                 status=node.status,
                 client=node.http_client,
                 metrics=lambda: metrics.render(node.metrics_registry),
-                client_writes=self.client.forwarded if self.client is not None else None,
+                client_writes=self.client.forwarded.bindings() if self.client is not None else (),
             )
             port = await start_listener(config, "internal_port", me.internal_port, internal.start)
             logger.info("internal HTTP listening on %s:%d", me.host, port)

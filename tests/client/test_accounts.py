@@ -7,7 +7,7 @@ import hashlib
 from roomstream.accounts import Accounts, AccountStore
 from roomstream.errors import MatrixError
 from roomstream.storage import Database
-from tests.client.conftest import SERVER_NAME, Homeserver
+from tests.support.homeserver import SERVER_NAME, Homeserver
 
 
 async def test_register_needs_the_dummy_stage_then_logs_in(homeserver: Homeserver) -> None:

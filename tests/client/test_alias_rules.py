@@ -9,8 +9,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from tests.client.conftest import Homeserver, User
-from tests.client.test_sync import room_with
+from tests.support.client import room_with
+from tests.support.homeserver import Homeserver, User
 
 CANONICAL = "m.room.canonical_alias"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from roomstream.rooms.creation import RoomPreset
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 
 async def test_concurrent_joins_in_one_room(homeserver: Homeserver) -> None:

@@ -27,8 +27,8 @@ import pytest
 import yaml
 
 from roomstream.storage import DatabaseConfig
-from tests.client.conftest import SERVER_NAME, ServerProcess
-from tests.ports import free_port
+from tests.support.homeserver import SERVER_NAME, ServerProcess
+from tests.support.ports import free_port
 
 HEADER_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.0

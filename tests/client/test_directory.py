@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from roomstream.client.directory import RoomListToken, public_rooms_txn, search_users_txn
 from roomstream.pipelines.session import spark_session
 from roomstream.pipelines.views import ViewsSink, rebuild_views, start_views_query
-from tests.client.conftest import Homeserver, User
+from tests.support.homeserver import Homeserver, User
 
 SEARCH = "/user_directory/search"
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roomstream.e2e.backup_rule import SessionQuality, replaces
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 AUTH = {"public_key": "pk", "signatures": {}}
 ALGORITHM = "m.megolm_backup.v1.curve25519-aes-sha2"

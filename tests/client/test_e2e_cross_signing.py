@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from signedjson.sign import sign_json
 
-from tests.client.conftest import Homeserver
-from tests.client.e2e_keys_helpers import CrossSigning, Device, public
-from tests.client.test_e2e_devices import password_auth
+from tests.support.e2e_keys import CrossSigning, Device, password_auth, public
+from tests.support.homeserver import Homeserver
 
 
 async def test_upload_query_and_replace_with_password(homeserver: Homeserver) -> None:

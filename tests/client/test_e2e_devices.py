@@ -5,19 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.client.conftest import Homeserver
-from tests.client.e2e_keys_helpers import Device
-
-PASSWORD = "secret-password"
-
-
-def password_auth(user_id: str, password: str = PASSWORD, session: str = "") -> dict[str, Any]:
-    return {
-        "type": "m.login.password",
-        "identifier": {"type": "m.id.user", "user": user_id},
-        "password": password,
-        "session": session,
-    }
+from tests.support.e2e_keys import PASSWORD, Device, password_auth
+from tests.support.homeserver import Homeserver
 
 
 async def login(hs: Homeserver, name: str, device_id: str, display: str) -> str:

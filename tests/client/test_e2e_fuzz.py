@@ -1,6 +1,6 @@
 """The end-to-end-encryption endpoints driven with random, roughly shaped bodies (the
 fields they read, user IDs, key names, key-backup session objects): the answer is always
-a Matrix JSON error or success, never a 5xx. Uses the server of tests/client/test_fuzz.py."""
+a Matrix JSON error or success, never a 5xx. Uses the server of tests/support/fuzz.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.client.test_fuzz import FuzzTarget, json_values, target  # noqa: F401 (fixture)
+from tests.support.fuzz import FuzzTarget, json_values
 
 FIELDS = [
     "device_keys", "one_time_keys", "fallback_keys", "user_id", "device_id", "algorithms",
@@ -56,7 +56,7 @@ ROUTES = [
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(data=st.data())
-def test_e2e_endpoints_never_answer_5xx(target: FuzzTarget, data: st.DataObject) -> None:  # noqa: F811
+def test_e2e_endpoints_never_answer_5xx(target: FuzzTarget, data: st.DataObject) -> None:
     method, template = data.draw(st.sampled_from(ROUTES), label="route")
     segment = st.sampled_from(["1", "2", "DEV", "!r:x", "99999999999999999999"]) | st.text(
         max_size=12

@@ -5,15 +5,15 @@ messages are stored as ``m.room.encrypted`` only)."""
 
 from __future__ import annotations
 
-from tests.client.conftest import RunningServer
-from tests.client.test_js_sdk import JS_DIR, _run_script
+from tests.support.homeserver import RunningServer
+from tests.support.js_sdk import JS_DIR, run_script
 
 
 async def test_two_users_exchange_encrypted_messages(running_server: RunningServer) -> None:
     assert (JS_DIR / "node_modules" / "@matrix-org" / "matrix-sdk-crypto-wasm").is_dir(), (
         "matrix-js-sdk's Rust crypto is not installed: run `make setup`"
     )
-    report = await _run_script("e2e.mjs", running_server.url)
+    report = await run_script("e2e.mjs", running_server.url)
     assert report["encrypted"] is True
     assert "secret from alice" in report["bobRead"]
     assert "secret from bob" in report["aliceRead"]

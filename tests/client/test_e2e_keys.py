@@ -3,8 +3,8 @@ through the API, on both engines."""
 
 from __future__ import annotations
 
-from tests.client.conftest import Homeserver, User
-from tests.client.e2e_keys_helpers import Device
+from tests.support.e2e_keys import Device
+from tests.support.homeserver import Homeserver, User
 
 
 def device_of(user: User) -> Device:

@@ -23,8 +23,8 @@ from nio import (
     UpdateDeviceResponse,
 )
 
-from tests.client.conftest import RunningServer
-from tests.client.e2e_keys_helpers import Device
+from tests.support.e2e_keys import Device
+from tests.support.homeserver import RunningServer
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.client.conftest import Homeserver
-from tests.client.e2e_keys_helpers import Device
+from tests.support.e2e_keys import Device
+from tests.support.homeserver import Homeserver
 
 
 async def test_counts_and_changed_device_lists(homeserver: Homeserver) -> None:

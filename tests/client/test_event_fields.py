@@ -11,9 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roomstream.client.filtering import field_trie, parse_sync_filter, project_fields
-from tests.client.conftest import Homeserver
-from tests.client.test_sync import room_with
-from tests.client.test_sync_filters import q
+from tests.support.client import q, room_with
+from tests.support.homeserver import Homeserver
 
 KEYS = st.sampled_from(["a", "b", "c", "content", "body"])
 values = st.recursive(

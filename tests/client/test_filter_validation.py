@@ -12,9 +12,8 @@ import pytest
 
 from roomstream.client.filtering import parse_sync_filter
 from roomstream.errors import MatrixError
-from tests.client.conftest import Homeserver
-from tests.client.test_sync import room_with, send
-from tests.client.test_sync_filters import q, state_keys, sync
+from tests.support.client import q, room_with, send, state_keys, sync
+from tests.support.homeserver import Homeserver
 
 V12_ROOM = "!Nhcu5BS-UMnFX7hBVfVSoXiD7OgH6iRT-xyIuqDnpYQ"
 

@@ -9,9 +9,8 @@ from typing import Any
 
 from roomstream.client.filtering import MAX_WILDCARD_PATTERNS, MAX_WILDCARDS
 from roomstream.glob import MAX_GLOB_LENGTH
-from tests.client.conftest import Homeserver
-from tests.client.test_sync import room_with
-from tests.client.test_sync_filters import q
+from tests.support.client import q, room_with
+from tests.support.homeserver import Homeserver
 
 LONG_A = "a" * 200
 LONG_AB = "a" * 199 + "b"

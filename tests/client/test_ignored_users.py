@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 
 from roomstream.client.ignored import IgnoredUsers
-from tests.client.conftest import Homeserver, User
-from tests.client.test_sync import bodies, room_with, send
+from tests.support.client import bodies, room_with, send
+from tests.support.homeserver import Homeserver, User
 
 
 async def ignore(hs: Homeserver, user: User, *ignored: User) -> None:

@@ -14,7 +14,7 @@ from roomstream.config import Config
 from roomstream.replication.http import PREFIX, InternalHttpServer
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.storage import DatabaseConfig
-from tests.client.conftest import Homeserver, make_config
+from tests.support.homeserver import Homeserver, make_config
 
 
 async def _content_type(

@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 
 from roomstream.events.canonical import MAX_NESTING_DEPTH
-from tests.client.conftest import Homeserver
-from tests.client.test_sync import room_with
+from tests.support.client import room_with
+from tests.support.homeserver import Homeserver
 
 DEPTHS = (MAX_NESTING_DEPTH + 1, 255, 256, 600, 1024, 1100)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tests.client.conftest import Homeserver, User
+from tests.support.homeserver import Homeserver, User
 
 
 async def _send(hs: Homeserver, user: User, room_id: str, text: str) -> str:

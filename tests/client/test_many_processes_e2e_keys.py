@@ -10,14 +10,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.client.e2e_keys_helpers import CrossSigning, Device
-from tests.client.test_many_processes import (
+from tests.support.cluster import (
     USER_DATA_WRITERS,
     Cluster,
     register,
     run_cluster,
     urls,
 )
+from tests.support.e2e_keys import CrossSigning, Device
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

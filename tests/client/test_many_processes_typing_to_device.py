@@ -10,19 +10,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.client.test_many_processes import (  # noqa: F401 (fixtures)
-    Cluster,
-    joined,
-    register,
-    split_cluster,
-    urls,
-)
+from tests.support.cluster import Cluster, joined, register, urls
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
 async def test_typing_expires_and_to_device_is_sent_once_across_processes(
-    split_cluster: Cluster,  # noqa: F811
+    split_cluster: Cluster,
 ) -> None:
     _, raw = split_cluster
     url = urls(raw)

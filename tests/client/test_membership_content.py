@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.client.conftest import Homeserver, User
+from tests.support.homeserver import Homeserver, User
 
 
 async def member_content(hs: Homeserver, viewer: User, room_id: str, user_id: str) -> Any:

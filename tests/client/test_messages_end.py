@@ -10,8 +10,8 @@ from urllib.parse import quote
 
 import orjson
 
-from tests.client.conftest import Homeserver, User
-from tests.client.test_sync import bodies, room_with, send
+from tests.support.client import bodies, room_with, send
+from tests.support.homeserver import Homeserver, User
 
 
 async def messages(hs: Homeserver, user: User, room_id: str, **params: Any) -> dict[str, Any]:

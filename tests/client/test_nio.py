@@ -24,7 +24,7 @@ from nio import (
     SyncResponse,
 )
 
-from tests.client.conftest import RunningServer
+from tests.support.homeserver import RunningServer
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ client listener for now)."""
 from __future__ import annotations
 
 from roomstream.accounts.tokens import token_hash
-from tests.client.conftest import SERVER_NAME, Homeserver
+from tests.support.homeserver import SERVER_NAME, Homeserver
 
 USERINFO = "/_matrix/federation/v1/openid/userinfo"
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from tests.client.conftest import RunningServer
+from tests.support.homeserver import RunningServer
 
 VERSIONS = b"/_matrix/client/versions"
 REFUSED = {

@@ -4,7 +4,7 @@ M_UNRECOGNIZED``, as Synapse answers, not 404."""
 
 from __future__ import annotations
 
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 
 async def test_unknown_push_rule_scope_is_400_unrecognized(homeserver: Homeserver) -> None:

@@ -14,8 +14,8 @@ from roomstream.events.auth import auth_types_for_event
 from roomstream.events.format import build_event_dict, finalise_local_event
 from roomstream.events.model import Event
 from roomstream.events.signing import load_or_create_signing_key
-from tests.client.conftest import SERVER_NAME, Homeserver
-from tests.client.test_redaction_auth import BODY, intact, public_room, redacted_by, send, served
+from tests.support.homeserver import SERVER_NAME, Homeserver
+from tests.support.redaction import BODY, intact, public_room, redacted_by, send, served
 
 REMOTE = "remote.test"
 CAROL = f"@carol:{REMOTE}"

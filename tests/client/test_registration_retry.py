@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 
 async def _uia_session(homeserver: Homeserver, body: dict[str, Any]) -> str:

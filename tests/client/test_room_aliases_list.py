@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 
 async def test_members_see_the_local_aliases(homeserver: Homeserver) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.client.conftest import Homeserver, User
+from tests.support.homeserver import Homeserver, User
 
 
 async def _room_with_messages(hs: Homeserver, owner: User, count: int, **create: Any) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 
 async def state_content(hs: Homeserver, room_id: str, key: tuple[str, str]) -> dict[str, object]:

@@ -17,7 +17,7 @@ from roomstream.accounts.token_cache import TOKEN_CACHE, TokenCache
 from roomstream.accounts.tokens import token_hash
 from roomstream.client import rooms as client_rooms
 from roomstream.storage import Database
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 
 @contextmanager

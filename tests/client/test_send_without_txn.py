@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 
 async def test_each_post_sends_a_new_event_on_r0_and_v3(homeserver: Homeserver) -> None:

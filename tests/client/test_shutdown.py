@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from roomstream.listener import SHUTDOWN_GRACE
-from tests.client.conftest import RunningServer
+from tests.support.homeserver import RunningServer
 
 #: Start-up of the stop, the grace period and the process's own shutdown, with margin for
 #: a loaded machine; far below the 60 s poll it must not wait for.

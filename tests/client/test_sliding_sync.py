@@ -10,8 +10,8 @@ import asyncio
 from typing import Any
 
 from roomstream.sliding.store import SlidingStore
-from tests.client.conftest import Homeserver, User
-from tests.client.test_sync import bodies, room_with, send
+from tests.support.client import bodies, room_with, send
+from tests.support.homeserver import Homeserver, User
 
 PATH = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
 STABLE = "/_matrix/client/v4/sync"

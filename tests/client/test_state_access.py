@@ -4,8 +4,8 @@ of an event the user may not see is ``403`` (``404`` for one the room does not h
 
 from __future__ import annotations
 
-from tests.client.conftest import Homeserver, User
-from tests.client.test_sync import room_with, send
+from tests.support.client import room_with, send
+from tests.support.homeserver import Homeserver, User
 
 
 async def set_topic(hs: Homeserver, user: User, room_id: str, topic: str) -> None:

@@ -5,31 +5,9 @@ by another user's message, invites, leaves, transaction IDs, ephemeral and per-u
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from tests.client.conftest import Homeserver, User
-
-
-async def room_with(hs: Homeserver, owner: User, *others: User, preset: str = "public_chat") -> str:
-    room_id: str = (await hs.ok("POST", "/createRoom", {"preset": preset}, token=owner.token))[
-        "room_id"
-    ]
-    for other in others:
-        await hs.ok(
-            "POST", f"/rooms/{room_id}/invite", {"user_id": other.user_id}, token=owner.token
-        )
-        await hs.ok("POST", f"/rooms/{room_id}/join", {}, token=other.token)
-    return room_id
-
-
-async def send(hs: Homeserver, user: User, room_id: str, body: str) -> str:
-    path = f"/rooms/{room_id}/send/m.room.message/{hs.txn()}"
-    result = await hs.ok("PUT", path, {"msgtype": "m.text", "body": body}, token=user.token)
-    return str(result["event_id"])
-
-
-def bodies(events: list[dict[str, Any]]) -> list[str]:
-    return [e["content"]["body"] for e in events if e["type"] == "m.room.message"]
+from tests.support.client import bodies, room_with, send
+from tests.support.homeserver import Homeserver
 
 
 async def test_initial_and_incremental_sync_with_every_section(homeserver: Homeserver) -> None:

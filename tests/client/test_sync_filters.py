@@ -5,28 +5,10 @@ room summaries."""
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any
 
-import orjson
-
-from tests.client.conftest import Homeserver, User
-from tests.client.test_sync import bodies, room_with, send
-
-
-def q(value: Any) -> str:
-    return urllib.parse.quote(orjson.dumps(value).decode())
-
-
-async def sync(hs: Homeserver, user: User, *, since: str | None = None, **params: Any) -> Any:
-    query = [f"{k}={v}" for k, v in params.items()]
-    if since is not None:
-        query.append(f"since={since}&timeout=0")
-    return await hs.ok("GET", "/sync?" + "&".join(query), token=user.token)
-
-
-def state_keys(events: list[dict[str, Any]]) -> set[tuple[str, str]]:
-    return {(e["type"], e["state_key"]) for e in events}
+from tests.support.client import bodies, q, room_with, send, state_keys, sync
+from tests.support.homeserver import Homeserver
 
 
 async def test_invalid_filters_are_rejected(homeserver: Homeserver) -> None:

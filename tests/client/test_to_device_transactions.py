@@ -11,9 +11,10 @@ from typing import Any
 
 from roomstream.client.userdata import TO_DEVICE_TRANSACTION_KEPT_MS
 from roomstream.config import parse_config
+from roomstream.replication.endpoints import TO_DEVICE, ToDeviceCall
 from roomstream.replication.http import InternalHttpClient, InternalHttpServer
-from tests.client.conftest import Homeserver, User
-from tests.ports import free_port
+from tests.support.homeserver import Homeserver, User
+from tests.support.ports import free_port
 
 
 async def _login(hs: Homeserver, name: str) -> User:
@@ -102,23 +103,21 @@ async def test_a_forwarded_send_is_idempotent_too(homeserver: Homeserver, tmp_pa
         {
             "server_name": hs.config.server_name,
             "data_dir": str(tmp_path / "internal"),
-            "instances": {"main": {"http_port": port}},
+            "instances": {"main": {"internal_port": port}},
         }
     )
-    server = InternalHttpServer(config, client_writes=hs.process.forwarded)
+    server = InternalHttpServer(config, client_writes=hs.process.forwarded.bindings())
     await server.start(host="127.0.0.1", port=port)
     client = InternalHttpClient(config)
     try:
         messages = {bob.user_id: {bob.device_id: {"n": 1}}}
         for _ in range(2):
-            await client.client_send_to_device(
-                "main", alice.user_id, "m.test", messages, (alice.device_id, "fw")
-            )
-        await client.client_send_to_device(
-            "main", alice.user_id, "m.test", messages, ("OTHERDEVICE", "fw")
-        )
+            call = ToDeviceCall(alice.user_id, "m.test", messages, alice.device_id, "fw")
+            await client.call(TO_DEVICE, "main", call)
+        call = ToDeviceCall(alice.user_id, "m.test", messages, "OTHERDEVICE", "fw")
+        await client.call(TO_DEVICE, "main", call)
         # Without a transaction (an older caller): every call delivers.
-        await client.client_send_to_device("main", alice.user_id, "m.test", messages)
+        await client.call(TO_DEVICE, "main", ToDeviceCall(alice.user_id, "m.test", messages))
     finally:
         await client.close()
         await server.close()

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roomstream.client.typing import MAX_TYPING_TIMEOUT_MS, TypingState, TypingWriter
-from tests.client.conftest import Homeserver
-from tests.client.test_sync import room_with
+from tests.support.client import room_with
+from tests.support.homeserver import Homeserver
 
 
 @dataclass

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from roomstream.accounts.client_ips import LAST_SEEN_GRANULARITY_MS, ClientIps
 from roomstream.storage import Database, DatabaseConfig, connect, prepare_database
-from tests.client.conftest import Homeserver
+from tests.support.homeserver import Homeserver
 
 
 async def test_users_see_their_own_devices_and_admins_anyone(homeserver: Homeserver) -> None:

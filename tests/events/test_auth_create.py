@@ -9,8 +9,7 @@ import pytest
 from roomstream.events.auth import check_auth_rules
 from roomstream.events.model import Event
 from roomstream.events.room_versions import ROOM_V10, ROOM_V11, ROOM_V12, RoomVersion
-
-from .test_auth_support import ALICE, BOB, refused, versions
+from tests.support.auth import ALICE, BOB, refused, versions
 
 
 def create_event(version: RoomVersion, **overrides: Any) -> Event:

@@ -11,8 +11,7 @@ import pytest
 from roomstream.events.auth import auth_types_for_event, check_auth_events_list, check_auth_rules
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import ROOM_V10, ROOM_V11, ROOM_V12, RoomVersion
-
-from .test_auth_support import ALICE, BOB, CAROL, Room, refused, standard_room, versions
+from tests.support.auth import ALICE, BOB, CAROL, Room, refused, standard_room, versions
 
 CREATE: StateKey = ("m.room.create", "")
 PL: StateKey = ("m.room.power_levels", "")

@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roomstream.events.room_versions import ROOM_V10, ROOM_V11, ROOM_V12, RoomVersion
-
-from .test_auth_support import (
+from tests.support.auth import (
     ALICE,
     ALICE_FRIEND,
     ALL_VERSIONS,

@@ -20,8 +20,7 @@ from roomstream.events.auth import (
 )
 from roomstream.events.model import Event
 from roomstream.events.room_versions import ROOM_V10, ROOM_V11, ROOM_V12, RoomVersion
-
-from .test_auth_support import (
+from tests.support.auth import (
     ALICE,
     ALL_VERSIONS,
     BOB,

@@ -11,8 +11,7 @@ import pytest
 from roomstream.events.auth import check_auth_rules, redaction_applies
 from roomstream.events.model import Event
 from roomstream.events.room_versions import ROOM_V10, ROOM_V11, ROOM_V12, RoomVersion
-
-from .test_auth_support import (
+from tests.support.auth import (
     ALICE,
     ALICE_FRIEND,
     BOB,

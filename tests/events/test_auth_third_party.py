@@ -13,8 +13,7 @@ from signedjson.sign import sign_json
 from roomstream.events.auth import auth_types_for_event
 from roomstream.events.model import Event
 from roomstream.events.room_versions import RoomVersion
-
-from .test_auth_support import ALICE, BOB, CAROL, Room, refused, standard_room, versions
+from tests.support.auth import ALICE, BOB, CAROL, Room, refused, standard_room, versions
 
 TOKEN = "tok123"
 IDENTITY_SERVER = "id.example"

@@ -61,8 +61,7 @@ def main() -> int:
     else:
         from pathlib import Path
 
-        from tests.pipelines.helpers import facts_sink
-        from tests.pipelines.test_streaming import start_facts_query
+        from tests.support.pipelines import facts_sink, start_facts_query
 
         sink = facts_sink(config, "facts", after_commit=after_commit)  # type: ignore[assignment]
         query = start_facts_query(spark, config, Path(args.checkpoint), sink, maxRowsPerBatch="3")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import command
+from tests.support import command
 
 pytestmark = pytest.mark.spark
 

@@ -21,7 +21,7 @@ from roomstream.pipelines.source import (
 )
 from roomstream.storage import Database, DatabaseConfig
 from roomstream.streams.registry import BACKFILL, CACHES, EVENTS, get_updates_txn
-from tests.pipelines.helpers import (
+from tests.support.pipelines import (
     Ev,
     events_generator,
     insert_events_txn,
@@ -29,7 +29,7 @@ from tests.pipelines.helpers import (
     message,
     write_events,
 )
-from tests.streams.helpers import caches_generator, write_cache_rows
+from tests.support.streams import caches_generator, write_cache_rows
 
 ALL = ReadAllAvailable()
 

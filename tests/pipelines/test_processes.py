@@ -15,7 +15,9 @@ from pyspark.sql import SparkSession
 from roomstream.pipelines.cluster import standalone_cluster
 from roomstream.pipelines.views import MappingContentLookup, read_snapshot, rebuild_views
 from roomstream.storage import Database, DatabaseConfig, connect, prepare_database
-from tests.pipelines.helpers import (
+from tests.pipelines.job import CRASH_EXIT
+from tests.support.pipelines import (
+    contents_txn,
     create_delivered_txn,
     delivered_txn,
     events_generator,
@@ -24,9 +26,7 @@ from tests.pipelines.helpers import (
     message,
     write_events,
 )
-from tests.pipelines.job import CRASH_EXIT
-from tests.pipelines.scenario import Scenario
-from tests.pipelines.test_views import contents_txn
+from tests.support.pipelines_scenario import Scenario
 
 # Each test starts JVMs of its own (a driver; a master and a worker): slow on a busy machine,
 # so the bounds are hang backstops only (a job took minutes at load 30 on 2 cores).

@@ -8,16 +8,14 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from roomstream.pipelines.dbio import options_from_config
-from roomstream.pipelines.sinks import DatabaseSink, start_parquet_stream
+from roomstream.pipelines.sinks import start_parquet_stream
 from roomstream.storage import Database, DatabaseConfig
-from tests.pipelines.helpers import (
+from tests.support.pipelines import (
     create_delivered_txn,
     delivered_txn,
     events_generator,
@@ -26,28 +24,11 @@ from tests.pipelines.helpers import (
     insert_events_txn,
     member,
     message,
+    start_facts_query,
     write_events,
 )
 
 pytestmark = pytest.mark.spark
-
-
-def start_facts_query(
-    spark: SparkSession,
-    config: DatabaseConfig,
-    checkpoint: Path,
-    sink: DatabaseSink[Any],
-    **opts: str,
-) -> StreamingQuery:
-    reader = spark.readStream.format("roomstream").option("stream", "events")
-    for key, value in {**options_from_config(config), **opts}.items():
-        reader = reader.option(key, value)
-    return (
-        reader.load()
-        .writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .start()
-    )
 
 
 def end_offset(query: StreamingQuery) -> dict[str, int]:

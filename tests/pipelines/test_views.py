@@ -19,19 +19,11 @@ from roomstream.pipelines.views import (
     start_views_query,
     summarize_facts,
 )
-from roomstream.storage import Database, DatabaseConfig, Transaction
-from tests.pipelines.scenario import PRIV, PUB, SOLO, Scenario
+from roomstream.storage import Database, DatabaseConfig
+from tests.support.pipelines import contents_txn
+from tests.support.pipelines_scenario import PRIV, PUB, SOLO, Scenario
 
 pytestmark = pytest.mark.spark
-
-
-def contents_txn(txn: Transaction) -> dict[str, dict[str, object]]:
-    import orjson
-
-    return {
-        r[0]: orjson.loads(r[1])["content"]
-        for r in txn.query("SELECT event_id, json FROM event_json")
-    }
 
 
 @pytest.mark.parametrize("batch_rows", [VIEWS_MAX_BATCH_ROWS, 2], ids=["default", "tiny"])

@@ -1,6 +1,6 @@
 """Rebuilding the visibility records from the stored events (``reading/backfill.py``).
 
-Rooms are persisted through the normal write path (``tests/reading/scenario.py``: joins,
+Rooms are persisted through the normal write path (``tests/support/reading_scenario.py``: joins,
 leaves, invites, kicks, bans, visibility changes, redactions, forks, late chains landing
 in the middle); their two tables are snapshotted, wiped and rebuilt. On both engines:
 
@@ -41,8 +41,15 @@ from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
 from roomstream.storage.migrations import load_migrations, split_statements
 from roomstream.streams import StreamSet
-from tests.reading.scenario import SERVER, Move, PlayedRoom, Player, scripts
-from tests.reading.test_visibility_properties import FIXED, check_room
+from tests.support.reading_scenario import (
+    FIXED,
+    SERVER,
+    Move,
+    PlayedRoom,
+    Player,
+    check_room,
+    scripts,
+)
 
 Rows = list[tuple[Any, ...]]
 

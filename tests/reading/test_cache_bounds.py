@@ -18,7 +18,7 @@ from roomstream.rooms.engine import RoomEngine
 from roomstream.rooms.store import EventStore, LruCache
 from roomstream.storage import Database
 from roomstream.streams import StreamSet
-from tests.reading.scenario import SERVER
+from tests.support.reading_scenario import SERVER
 
 ALICE = f"@alice:{SERVER}"
 BOUND = 5

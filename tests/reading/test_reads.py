@@ -27,7 +27,7 @@ from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database
 from roomstream.streams import StreamSet
-from tests.reading.scenario import SERVER, Player
+from tests.support.reading_scenario import SERVER, Player
 
 ALICE = f"@alice:{SERVER}"
 BOB = f"@bob:{SERVER}"

@@ -32,8 +32,9 @@ from psycopg import sql
 from roomstream.config import parse_config
 from roomstream.errors import MatrixError
 from roomstream.replication.http import InternalHttpClient
-from tests.ports import free_port
-from tests.sharding import rooms_by_owner
+from tests.support.ports import free_port
+from tests.support.sharding import rooms_by_owner
+from tests.support.wait import wait_for
 
 # Three processes under continuous load: slow on a busy machine. Every wait below is bounded
 # generously in seconds (only a failing run reaches a bound) or by a count of events.
@@ -88,20 +89,8 @@ def pg_schema(pg_database: str) -> Iterator[tuple[str, str]]:
     yield pg_database, schema
 
 
-async def poll(predicate: Any, limit: float, what: str) -> Any:
-    """Await ``predicate()`` (async) until it returns a truthy value; fail at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while True:
-        try:
-            result = await predicate()
-        except (TimeoutError, OSError, MatrixError, KeyError):
-            result = None
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+#: What a poll of a process that is (re)starting or busy may fail with: "not yet".
+NOT_YET = (TimeoutError, OSError, MatrixError, KeyError)
 
 
 class Load:
@@ -143,7 +132,7 @@ class Load:
         async def enough() -> bool:
             return self.ok >= target
 
-        await poll(enough, limit, f"{count} more events")
+        await wait_for(enough, limit, f"{count} more events", interval=0.05, ignoring=NOT_YET)
 
     async def stop(self) -> None:
         self._stop = True
@@ -195,7 +184,7 @@ async def test_writers_killed_and_slow_reader_lose_nothing(
         async def check() -> dict[str, Any]:
             return await client.health(name)
 
-        return await poll(check, 120, f"{name} healthy")  # type: ignore[no-any-return]
+        return await wait_for(check, 120, f"{name} healthy", interval=0.05, ignoring=NOT_YET)
 
     try:
         for name in ("w1", "w2", "reader"):  # one at a time: the first one migrates
@@ -240,7 +229,7 @@ async def test_writers_killed_and_slow_reader_lose_nothing(
                     assert sent < CONGESTION_EVENTS, f"no congestion drop after {sent} events"
                     return False
 
-                await poll(congested, 600, "a congestion drop")
+                await wait_for(congested, 600, "a congestion drop", interval=0.05, ignoring=NOT_YET)
             else:
                 await load.wait_more(400)
         finally:
@@ -261,7 +250,9 @@ async def test_writers_killed_and_slow_reader_lose_nothing(
                 return health
             return None
 
-        final_health = await poll(settled, 300, "reader caught up")
+        final_health = await wait_for(
+            settled, 300, "reader caught up", interval=0.05, ignoring=NOT_YET
+        )
         assert await procs["reader"].terminate() == 0
         for writer in ("w1", "w2"):
             assert await procs[writer].terminate() == 0

@@ -13,35 +13,9 @@ from roomstream.replication.commands import (
     PositionCommand,
     RdataCommand,
 )
-from roomstream.replication.follower import FollowerSession, Gap, StreamFollower, fill_gap
+from roomstream.replication.follower import FollowerSession, Gap, fill_gap
 from roomstream.replication.writer import updates_to_commands
-
-
-class _Callbacks:
-    def __init__(self) -> None:
-        self.processed: list[tuple[str, str, int, list[Any]]] = []
-        self.moves: list[tuple[str, str, int]] = []
-
-    def process(self, stream_name: str, writer: str, token: int, rows: list[Any]) -> None:
-        self.processed.append((stream_name, writer, token, rows))
-
-    def advanced(self, stream_name: str, writer: str, token: int) -> None:
-        self.moves.append((stream_name, writer, token))
-
-
-def follower(
-    start: dict[tuple[str, str], int] | None = None, **kw: Any
-) -> tuple[StreamFollower, _Callbacks]:
-    calls = _Callbacks()
-    return StreamFollower(calls, ["events", "typing"], start, instance_name="me", **kw), calls
-
-
-def rdata(token: int | None, row: Any, writer: str = "w1", stream: str = "events") -> RdataCommand:
-    return RdataCommand(stream, writer, token, row)
-
-
-def position(prev: int, new: int, writer: str = "w1", stream: str = "events") -> PositionCommand:
-    return PositionCommand(stream, writer, prev, new)
+from tests.support.follower import Callbacks, follower, position, rdata
 
 
 def test_rdata_before_position_is_ignored() -> None:
@@ -204,7 +178,7 @@ def test_every_fact_processed_exactly_once_in_order(
     async def fetch(stream: str, writer: str, frm: int, upto: int, limit: int) -> Any:
         return [u for u in history if frm < u[0] <= upto], upto, False
 
-    async def run() -> _Callbacks:
+    async def run() -> Callbacks:
         f, calls = follower({("events", "w1"): 0})
 
         async def feed(session: FollowerSession, cmds: list[Command]) -> None:

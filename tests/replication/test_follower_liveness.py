@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from roomstream.replication.commands import Command
 from roomstream.replication.follower import StreamFollower
-from tests.replication.test_follower import follower, position, rdata
+from tests.support.follower import follower, position, rdata
 
 
 def test_live_only_once_positioned_and_caught_up_and_while_open() -> None:

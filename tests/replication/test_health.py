@@ -22,7 +22,7 @@ import aiohttp
 import yaml
 
 from roomstream.replication.secret import SECRET_FILE, load_or_create_secret
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 REDIS = ("127.0.0.1", 6379)
 

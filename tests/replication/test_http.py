@@ -8,14 +8,12 @@ import aiohttp
 import pytest
 
 from roomstream.replication.http import PREFIX
-from tests.sharding import room_ids_for_writer, rooms_by_owner
-
-from .test_replication_nodes import (
+from tests.support.replication import (
     ClusterFactory,
-    cluster_factory,  # noqa: F401  (fixture)
     internal_auth,
     tcp_instances,
 )
+from tests.support.sharding import room_ids_for_writer, rooms_by_owner
 
 
 @pytest.fixture
@@ -24,7 +22,7 @@ def engine_name() -> str:
 
 
 async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
 ) -> None:
     cluster = await cluster_factory(
         "tcp",
@@ -106,7 +104,7 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
 
 
 async def test_bearer_token_required_when_a_secret_is_configured(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
 ) -> None:
     cluster = await cluster_factory(
         "tcp",
@@ -129,7 +127,7 @@ async def test_bearer_token_required_when_a_secret_is_configured(
 
 
 async def test_writer_down_unknown_room_and_second_create_are_matrix_errors(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     cluster = await cluster_factory(
@@ -183,7 +181,7 @@ async def test_writer_down_unknown_room_and_second_create_are_matrix_errors(
 
 
 async def test_forwarded_client_writes_are_validated_and_only_taken_by_their_writer(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
 ) -> None:
     cluster = await cluster_factory(
         "tcp",

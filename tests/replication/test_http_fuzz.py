@@ -40,7 +40,7 @@ from roomstream.replication.http import PREFIX
 from roomstream.replication.secret import SECRET_FILE
 from roomstream.replication.sharding import writer_for_room
 from roomstream.storage import DatabaseConfig
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.postgres
 

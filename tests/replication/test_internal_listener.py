@@ -45,15 +45,13 @@ from roomstream.replication.secret import (
     secret_path,
 )
 from roomstream.storage import DatabaseConfig
-from tests.ports import free_port
-
-from .test_replication_nodes import (
+from tests.support.ports import free_port
+from tests.support.replication import (
     Cluster,
     ClusterFactory,
-    cluster_factory,  # noqa: F401  (fixture)
-    wait_for,
+    Raw,
 )
-from .test_tcp_server import Raw
+from tests.support.wait import wait_for
 
 WORKER = (sys.executable, "-m", "roomstream.cli")
 #: Values for the path parameters of internal routes.
@@ -156,7 +154,7 @@ several_processes = pytest.mark.parametrize("engine_name", ["postgres"])
 
 @several_processes
 async def test_several_processes_and_tcp_replication_use_the_generated_secret(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     tmp_path: Path,
 ) -> None:
     instances = {

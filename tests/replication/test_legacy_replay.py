@@ -16,18 +16,17 @@ import pytest
 
 from roomstream.replication import tcp
 from roomstream.replication.worker import ReplicationNode
-
-from .test_replication_nodes import (
+from tests.support.replication import (
     ClusterFactory,
-    cluster_factory,  # noqa: F401  (fixture)
+    Raw,
+    connect_to,
     db_cache_rows,
     tcp_instances,
     write_invalidations,
 )
-from .test_tcp_server import Raw, connect_to
 
 
-async def start_writer(cluster_factory: ClusterFactory) -> ReplicationNode:  # noqa: F811
+async def start_writer(cluster_factory: ClusterFactory) -> ReplicationNode:
     cluster = await cluster_factory(
         "tcp",
         stream_writers={"caches": ["w1"], "events": ["w1"]},
@@ -72,7 +71,7 @@ class Tail:
 
 
 async def test_replay_from_an_old_token_while_writing_is_exact(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Small replay pages: many round trips, so live pages arrive while the replay runs.
@@ -117,7 +116,7 @@ async def test_replay_from_an_old_token_while_writing_is_exact(
 
 
 async def test_replicate_all_now_and_the_bare_form(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
 ) -> None:
     writer = await start_writer(cluster_factory)
     await write_invalidations(writer, 5)
@@ -151,7 +150,7 @@ async def test_replicate_all_now_and_the_bare_form(
     ],
 )
 async def test_replicate_refuses_unknown_streams_and_bad_tokens(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     line: bytes,
     error: str,
 ) -> None:

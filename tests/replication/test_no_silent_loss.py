@@ -27,19 +27,17 @@ from roomstream.replication.commands import (
 from roomstream.replication.connection import ReplicationConnection
 from roomstream.replication.redis_transport import user_ip_channel_name
 from roomstream.replication.worker import ReplicationNode
-
-from .test_replication_nodes import (
+from tests.support.replication import (
     TRANSPORTS,
     ClusterFactory,
     Recorder,
     assert_exactly_once_in_order,
     caches_writer_and_reader,
     caught_up,
-    cluster_factory,  # noqa: F401  (fixture)
     db_cache_rows,
-    wait_for,
     write_invalidations,
 )
+from tests.support.wait import wait_for
 
 
 @pytest.fixture
@@ -101,7 +99,7 @@ async def channel(redis_url: str) -> AsyncIterator[Channel]:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_rows_of_any_length_reach_readers(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     transport: str,
     request: pytest.FixtureRequest,
 ) -> None:
@@ -130,7 +128,7 @@ async def test_rows_of_any_length_reach_readers(
 
 
 async def test_unparseable_redis_message_is_caught_up_not_skipped(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _cluster, writer, reader = await caches_writer_and_reader(cluster_factory, "redis")
@@ -163,7 +161,7 @@ async def test_unparseable_redis_message_is_caught_up_not_skipped(
 
 
 async def test_unparseable_tcp_line_reconnects_and_catches_up(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Over TCP a line that does not parse ends the connection (``ERROR``); the reader
@@ -196,7 +194,7 @@ async def test_unparseable_tcp_line_reconnects_and_catches_up(
 
 
 async def test_user_ip_travels_on_its_own_channel(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     channel: Channel,
 ) -> None:
     _cluster, writer, reader = await caches_writer_and_reader(cluster_factory, "redis")
@@ -229,7 +227,7 @@ async def test_user_ip_travels_on_its_own_channel(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_unknown_stream_or_writer_does_not_break_the_connection(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
     transport: str,
     request: pytest.FixtureRequest,
 ) -> None:

@@ -13,16 +13,17 @@ from roomstream.caches import stream_invalidation_txn
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.tcp import ReplicationClient, ReplicationServer, TcpSettings
 from roomstream.replication.worker import ReplicationNode
-
-from .test_replication_nodes import (
+from tests.support.replication import (
+    WAIT,
     Cluster,
     ClusterFactory,
+    Raw,
     caught_up,
-    cluster_factory,  # noqa: F401  (fixture)
+    connect_to,
     tcp_instances,
-    wait_for,
     write_invalidations,
 )
+from tests.support.wait import wait_for
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def engine_name() -> str:
 
 @pytest.fixture
 async def writer(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
 ) -> AsyncIterator[ReplicationNode]:
     cluster: Cluster = await cluster_factory(
         "tcp",
@@ -45,53 +46,6 @@ async def writer(
 
 #: How long a test waits for a line it expects: generous, since it only bounds how long a
 #: failing test takes; a passing one never waits for it.
-WAIT = 30.0
-
-
-class Raw:
-    """A hand-driven client socket, like ``nc``."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    @classmethod
-    async def connect(cls, port: int, rcvbuf: int | None = None) -> Raw:
-        if rcvbuf is None:
-            r, w = await asyncio.open_connection("127.0.0.1", port)
-            return cls(r, w)
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        r, w = await asyncio.open_connection(sock=sock)
-        return cls(r, w)
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def line(self, wait: float = WAIT) -> str:
-        raw = await asyncio.wait_for(self.reader.readline(), wait)
-        return raw.decode().rstrip("\n")
-
-    async def until(self, prefix: str, wait: float = WAIT) -> str:
-        """Read lines until one starts with ``prefix``; returns it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            line = await self.line(max(0.01, deadline - loop.time()))
-            if line.startswith(prefix):
-                return line
-            if not line and self.reader.at_eof():
-                raise AssertionError(f"EOF before {prefix!r}")
-
-    async def eof(self, wait: float = WAIT) -> None:
-        """Everything until the server closes the connection."""
-        await asyncio.wait_for(self.reader.read(), wait)
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 async def _read_until_closed(sock: socket.socket) -> tuple[bytes, bool]:
@@ -105,15 +59,6 @@ async def _read_until_closed(sock: socket.socket) -> tuple[bytes, bool]:
     except ConnectionResetError:
         return data, True
     return data, False
-
-
-async def connect_to(node: ReplicationNode) -> Raw:
-    """A plain connection to the node's own replication port, past the deployment's secret
-    (always required there: configured, or generated in the data directory)."""
-    assert node.server is not None and node.settings.shared_secret is not None
-    raw = await Raw.connect(node.server.port)
-    await raw.send(f"AUTH {node.settings.shared_secret}\n".encode())
-    return raw
 
 
 async def server_for(writer: ReplicationNode, **settings: object) -> ReplicationServer:
@@ -357,7 +302,7 @@ def test_backoff_is_exponential_capped_and_jittered() -> None:
 
 
 async def test_client_reconnects_after_server_restart(
-    cluster_factory: ClusterFactory,  # noqa: F811
+    cluster_factory: ClusterFactory,
 ) -> None:
     cluster = await cluster_factory(
         "tcp",

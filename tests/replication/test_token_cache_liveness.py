@@ -33,8 +33,9 @@ from roomstream.config import Config
 from roomstream.homeserver import Homeserver, open_room_engine
 from roomstream.replication.worker import ReplicationNode
 from roomstream.storage import DatabaseConfig
-from tests.ports import free_port
-from tests.replication.test_replication_nodes import TRANSPORTS, make_config, wait_for
+from tests.support.ports import free_port
+from tests.support.replication import TRANSPORTS, make_config
+from tests.support.wait import wait_for
 
 #: How soon /health must say degraded after the link is cut (the detection is event
 #: driven; this only bounds a loaded machine's scheduling).

@@ -20,7 +20,7 @@ from signedjson.types import SigningKey
 
 from roomstream.rooms.engine import RoomEngine
 from roomstream.state.cooperative import shorten_switch_interval
-from tests.rooms.independence import (
+from tests.support.independence import (
     ALICE,
     Announcements,
     build_slow_merge,

@@ -20,47 +20,7 @@ from roomstream.events.room_versions import (
     room_version,
 )
 from roomstream.rooms.engine import RoomEngine
-from tests.rooms.conftest import REMOTE, remote_event
-
-ALICE = "@alice:local.test"
-BOB = "@bob:remote.test"
-
-
-async def _public_room(engine: RoomEngine, version: str = "12") -> str:
-    from roomstream.rooms.creation import RoomPreset
-
-    room_id, _ = await engine.creator.create_room(
-        ALICE, version=version, preset=RoomPreset.PUBLIC_CHAT, name="Lobby"
-    )
-    return room_id
-
-
-async def _remote_join(
-    engine: RoomEngine,
-    remote_key: SigningKey,
-    room_id: str,
-    prev_events: list[str] | None = None,
-    depth: int = 10,
-) -> tuple[Event, RoomVersion, dict[tuple[str, str], str]]:
-    """Bob (on the remote server) joins the public room: his join, the room's version and
-    its current state before the join. Prev events default to the forward extremities."""
-    version, extremities, current = await engine.persister.get_room_state(room_id)
-    auth = [current[("m.room.power_levels", "")], current[("m.room.join_rules", "")]]
-    if not version.room_id_from_create_event:
-        auth.append(current[("m.room.create", "")])
-    join = remote_event(
-        remote_key,
-        version,
-        room_id,
-        BOB,
-        "m.room.member",
-        {"membership": "join"},
-        sorted(extremities) if prev_events is None else prev_events,
-        auth,
-        depth=depth,
-        state_key=BOB,
-    )
-    return join, version, current
+from tests.support.rooms import ALICE, BOB, REMOTE, public_room, remote_event, remote_join
 
 
 @pytest.mark.parametrize("version", sorted(KNOWN_ROOM_VERSIONS))
@@ -89,7 +49,7 @@ async def test_create_room_builds_state_and_orderings(engine: RoomEngine, versio
 
 
 async def test_messages_and_state_at_any_event(engine: RoomEngine) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     first = await engine.creator.create_event(
         room_id, ALICE, "m.room.topic", {"topic": "one"}, state_key=""
     )
@@ -116,7 +76,7 @@ async def test_messages_and_state_at_any_event(engine: RoomEngine) -> None:
 
 
 async def test_local_creation_refuses_unauthorised_events(engine: RoomEngine) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     with pytest.raises(AuthError):
         await engine.creator.create_event(
             room_id, "@mallory:local.test", "m.room.message", {"body": "not joined"}
@@ -126,7 +86,7 @@ async def test_local_creation_refuses_unauthorised_events(engine: RoomEngine) ->
 
 
 async def test_concurrent_senders_do_not_fork_the_dag(engine: RoomEngine) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     results = await asyncio.gather(
         *(
             engine.creator.create_event(room_id, ALICE, "m.room.message", {"body": str(i)})
@@ -142,8 +102,8 @@ async def test_concurrent_senders_do_not_fork_the_dag(engine: RoomEngine) -> Non
 async def test_remote_join_message_and_rejection(
     engine: RoomEngine, remote_key: SigningKey
 ) -> None:
-    room_id = await _public_room(engine)
-    join, version, current = await _remote_join(engine, remote_key, room_id)
+    room_id = await public_room(engine)
+    join, version, current = await remote_join(engine, remote_key, room_id)
     tip = join.prev_event_ids
     # A message sent before Bob's join is in the DAG: not allowed by its auth events.
     early = remote_event(
@@ -184,8 +144,8 @@ async def test_remote_join_message_and_rejection(
 async def test_soft_failure_against_current_state(
     engine: RoomEngine, remote_key: SigningKey
 ) -> None:
-    room_id = await _public_room(engine)
-    join, version, current = await _remote_join(engine, remote_key, room_id)
+    room_id = await public_room(engine)
+    join, version, current = await remote_join(engine, remote_key, room_id)
     pl = current[("m.room.power_levels", "")]
     base = [] if version.room_id_from_create_event else [current[("m.room.create", "")]]
     await engine.persister.persist_events([join])
@@ -215,7 +175,7 @@ async def test_soft_failure_against_current_state(
 
 
 async def test_persisting_twice_is_a_no_op(engine: RoomEngine, remote_key: SigningKey) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     created = await engine.creator.create_event(room_id, ALICE, "m.room.message", {"body": "x"})
     (again,) = await engine.persister.persist_events([created.event])
     assert not again.new
@@ -230,8 +190,8 @@ async def test_persisting_twice_is_a_no_op(engine: RoomEngine, remote_key: Signi
 
 async def test_exact_bytes_are_kept(engine: RoomEngine, remote_key: SigningKey) -> None:
     """Unusual but valid JSON (order, whitespace, escapes, non-ASCII) is stored as is."""
-    room_id = await _public_room(engine, "11")
-    join, version, current = await _remote_join(engine, remote_key, room_id)
+    room_id = await public_room(engine, "11")
+    join, version, current = await remote_join(engine, remote_key, room_id)
     message = remote_event(
         remote_key,
         version,
@@ -263,7 +223,7 @@ async def test_exact_bytes_are_kept(engine: RoomEngine, remote_key: SigningKey) 
 
 
 async def test_bad_input_persists_nothing(engine: RoomEngine) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     before = await engine.db.run_interaction(
         lambda t: t.query_one("SELECT COUNT(*) FROM events")[0]
     )
@@ -320,7 +280,7 @@ async def test_backfilled_events_get_negative_orderings(
 
 
 async def test_events_stream_carries_events_and_state(engine: RoomEngine) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     created = await engine.creator.create_event(
         room_id, ALICE, "m.room.topic", {"topic": "t"}, state_key=""
     )
@@ -352,7 +312,7 @@ async def test_events_stream_carries_events_and_state(engine: RoomEngine) -> Non
 
 
 async def test_redaction_applies_and_keeps_raw(engine: RoomEngine) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     message = await engine.creator.create_event(
         room_id, ALICE, "m.room.message", {"body": "secret", "msgtype": "m.text"}
     )
@@ -367,7 +327,7 @@ async def test_redaction_applies_and_keeps_raw(engine: RoomEngine) -> None:
 
 
 async def test_dag_walking(engine: RoomEngine) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     messages = [
         await engine.creator.create_event(room_id, ALICE, "m.room.message", {"body": str(i)})
         for i in range(6)
@@ -386,8 +346,8 @@ async def test_dag_walking(engine: RoomEngine) -> None:
 
 
 async def test_fork_and_merge_resolves_state(engine: RoomEngine, remote_key: SigningKey) -> None:
-    room_id = await _public_room(engine, "11")
-    join, version, current = await _remote_join(engine, remote_key, room_id)
+    room_id = await public_room(engine, "11")
+    join, version, current = await remote_join(engine, remote_key, room_id)
     create, pl = current[("m.room.create", "")], current[("m.room.power_levels", "")]
     await engine.persister.persist_events([join])
     # Alice sets a topic on a branch that has not seen Bob's join.
@@ -438,8 +398,8 @@ async def test_fork_and_merge_resolves_state(engine: RoomEngine, remote_key: Sig
 async def test_event_with_unknown_prev_events_is_an_outlier(
     engine: RoomEngine, remote_key: SigningKey
 ) -> None:
-    room_id = await _public_room(engine, "11")
-    join, _, _ = await _remote_join(
+    room_id = await public_room(engine, "11")
+    join, _, _ = await remote_join(
         engine, remote_key, room_id, prev_events=["$unknown_prev_event"], depth=50
     )
     (result,) = await engine.persister.persist_events([join])
@@ -454,7 +414,7 @@ async def test_event_with_unknown_prev_events_is_an_outlier(
 async def test_failed_commit_leaves_nothing_and_the_room_recovers(
     engine: RoomEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    room_id = await _public_room(engine)
+    room_id = await public_room(engine)
     tip_before = await engine.store.get_forward_extremities(room_id)
     count_sql = "SELECT COUNT(*) FROM events WHERE room_id = ?"
     before = await engine.db.run_interaction(lambda t: t.query_one(count_sql, (room_id,))[0])
@@ -489,7 +449,7 @@ async def test_failed_commit_leaves_nothing_and_the_room_recovers(
 
 
 async def test_concurrent_senders_across_rooms_share_commits(engine: RoomEngine) -> None:
-    rooms = [await _public_room(engine) for _ in range(4)]
+    rooms = [await public_room(engine) for _ in range(4)]
     results = await asyncio.gather(
         *(
             engine.creator.create_event(room, ALICE, "m.room.message", {"body": f"{i}"})
@@ -525,8 +485,8 @@ async def _bob_joining(
 ) -> tuple[str, RoomVersion, Event, list[str]]:
     """A public room and Bob's join to it, not persisted yet: (room, version, his join, auth
     events for his messages once he has joined)."""
-    room_id = await _public_room(engine, version)
-    join, room_v, current = await _remote_join(engine, remote_key, room_id)
+    room_id = await public_room(engine, version)
+    join, room_v, current = await remote_join(engine, remote_key, room_id)
     base = [] if room_v.room_id_from_create_event else [current[("m.room.create", "")]]
     return room_id, room_v, join, [*base, current[("m.room.power_levels", "")], join.event_id]
 

@@ -6,8 +6,7 @@ from prometheus_client import REGISTRY
 from signedjson.types import SigningKey
 
 from roomstream.rooms.engine import RoomEngine
-from tests.rooms.conftest import remote_event
-from tests.rooms.test_persist import ALICE, BOB, _public_room, _remote_join
+from tests.support.rooms import ALICE, BOB, public_room, remote_event, remote_join
 
 
 def _count(outcome: str) -> float:
@@ -24,8 +23,8 @@ def _snapshot() -> dict[str, float]:
 
 
 async def test_outcomes_are_counted(engine: RoomEngine, remote_key: SigningKey) -> None:
-    room_id = await _public_room(engine)
-    join, version, current = await _remote_join(engine, remote_key, room_id)
+    room_id = await public_room(engine)
+    join, version, current = await remote_join(engine, remote_key, room_id)
     pl = current[("m.room.power_levels", "")]
     before = _snapshot()
     # Before Bob's join is in the DAG: rejected by its own auth events.

@@ -21,7 +21,7 @@ from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, ro
 from roomstream.events.signing import SigningKey
 from roomstream.rooms.engine import RoomEngine
 from roomstream.rooms.keys import ServerKeyStore
-from tests.rooms.conftest import REMOTE, remote_event, verify_key_base64
+from tests.support.rooms import REMOTE, remote_event, verify_key_base64
 
 BOB = "@bob:remote.test"
 CAROL = "@carol:remote.test"

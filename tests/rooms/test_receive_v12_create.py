@@ -20,7 +20,7 @@ from roomstream.events.hashing import add_content_hash
 from roomstream.events.room_versions import ROOM_V12
 from roomstream.events.signing import SigningKey, sign_event
 from roomstream.rooms.engine import RoomEngine
-from tests.rooms.conftest import REMOTE, remote_event
+from tests.support.rooms import REMOTE, remote_event
 
 BOB = "@bob:remote.test"
 

@@ -33,7 +33,7 @@ from roomstream.state.resolution import (
     resolve_state_detailed,
     separate_state_sets,
 )
-from tests.state.test_resolution import (
+from tests.support.state_dag import (
     ALICE,
     BOB,
     CHARLIE,

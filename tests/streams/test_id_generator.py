@@ -8,7 +8,7 @@ import pytest
 from roomstream.storage import Database
 from roomstream.streams import StreamIdGenerator
 from roomstream.streams.registry import BACKFILL
-from tests.streams.helpers import OpenReservation, caches_generator
+from tests.support.streams import OpenReservation, caches_generator
 
 
 async def _start_at(database: Database, value: int) -> None:

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from roomstream.storage import Database, DatabaseConfig, connect, prepare_database
 from roomstream.streams import StreamIdGenerator
 from roomstream.streams.registry import CACHES, get_updates_txn
-from tests.streams.helpers import OpenReservation, caches_generator
+from tests.support.streams import OpenReservation, caches_generator
 
 READER = "reader"
 

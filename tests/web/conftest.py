@@ -24,9 +24,9 @@ from aiohttp import web
 from playwright.async_api import Browser, async_playwright
 
 from roomstream.storage import DatabaseConfig
-from tests.client.conftest import RunningServer, serve_roomstream
 from tests.conftest import IN_CI
-from tests.ports import free_port
+from tests.support.homeserver import RunningServer, serve_roomstream
+from tests.support.ports import free_port
 
 WEB_DIR = Path(__file__).parent
 BUILD_DIR = WEB_DIR / "build"

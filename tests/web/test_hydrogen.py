@@ -30,7 +30,7 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, BrowserContext, Locator, Page, expect
 
-from tests.client.conftest import RunningServer
+from tests.support.homeserver import RunningServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

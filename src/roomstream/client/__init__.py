@@ -50,6 +50,8 @@ from roomstream.e2e import E2eKeys
 from roomstream.e2e.backup import KeyBackup
 from roomstream.e2e.service import Forward
 from roomstream.reading import RoomReader
+from roomstream.replication import endpoints
+from roomstream.replication import endpoints as ep
 from roomstream.replication.http import InternalHttpClient
 from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.engine import RoomEngine
@@ -254,7 +256,9 @@ def _e2e_forward(config: Config, http_client: InternalHttpClient | None) -> Forw
 
     async def forward(op: str, args: dict[str, Any]) -> Any:
         writer = writer_for_room(str(args["user_id"]), writers)
-        return await forwarded_call(writer, client.client_e2e_keys(writer, op, args))
+        return await forwarded_call(
+            writer, client.call(endpoints.E2E_KEYS, writer, endpoints.E2eKeysCall(op, args))
+        )
 
     return forward
 
@@ -277,7 +281,8 @@ def _token_invalidation(
     client = http_client
 
     async def forward(user_id: str, device_id: str | None) -> None:
-        await forwarded_call(writer, client.client_end_sessions(writer, user_id, device_id))
+        call = ep.EndSessionsCall(user_id, device_id)
+        await forwarded_call(writer, client.call(ep.END_SESSIONS, writer, call))
 
     return None, forward
 

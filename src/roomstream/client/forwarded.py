@@ -1,8 +1,8 @@
 """The Client-Server API writes another process forwards to this one (the internal API's
-``/client/...`` routes, :class:`roomstream.replication.http.ClientWrites`), carried out
-here exactly as for this process's own clients. The internal API has checked that this
-process writes the stream; the forwarding process has authenticated the user and checked
-membership."""
+``/client/...`` endpoints, :data:`roomstream.replication.endpoints.CLIENT_WRITES`),
+carried out here exactly as for this process's own clients. The internal API has checked
+that this process writes the stream; the forwarding process has authenticated the user
+and checked membership."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from typing import Any
 from roomstream.accounts import Accounts, Requester
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.typing import TypingWriter
-from roomstream.client.userdata import ToDeviceTransaction, UserData
+from roomstream.client.userdata import UserData
 from roomstream.e2e import E2eKeys
 from roomstream.errors import ServiceUnavailableError
+from roomstream.replication import endpoints as ep
+from roomstream.replication.endpoints import BoundEndpoint
 
 __all__ = ["ForwardedWrites"]
 
@@ -22,6 +24,9 @@ FORWARDED_DEVICE = ""
 
 
 class ForwardedWrites:
+    """The handler of each forwarded write (:meth:`bindings`, served by the internal
+    API's server)."""
+
     def __init__(
         self,
         accounts: Accounts,
@@ -36,52 +41,50 @@ class ForwardedWrites:
         self.data = data
         self.typing = typing
 
-    async def create_room(self, creator: str, request: dict[str, Any]) -> str:
-        requester = Requester(creator, FORWARDED_DEVICE)
-        return await self.rooms.create_room(requester, CreateRoomRequest.parse(request))
+    def bindings(self) -> list[BoundEndpoint[Any, Any]]:
+        """Every endpoint of :data:`~roomstream.replication.endpoints.CLIENT_WRITES`,
+        bound to its handler here."""
+        return [
+            ep.CREATE_ROOM.bind(self.create_room),
+            ep.SEND.bind(self.send_once),
+            ep.END_SESSIONS.bind(self.end_sessions),
+            ep.ACCOUNT_DATA.bind(self.put_account_data),
+            ep.RECEIPT.bind(self.put_receipt),
+            ep.TO_DEVICE.bind(self.send_to_device),
+            ep.TYPING.bind(self.set_typing),
+            ep.E2E_KEYS.bind(self.e2e_keys),
+        ]
 
-    async def send_once(
-        self,
-        room_id: str,
-        user_id: str,
-        device_id: str,
-        txn_id: str,
-        event_type: str,
-        content: dict[str, Any],
-        redacts: str | None,
-    ) -> str:
+    async def create_room(self, call: ep.CreateRoomCall) -> str:
+        requester = Requester(call.creator, FORWARDED_DEVICE)
+        return await self.rooms.create_room(requester, CreateRoomRequest.parse(call.request))
+
+    async def send_once(self, call: ep.SendCall) -> str:
+        requester = Requester(call.user_id, call.device_id)
         return await self.rooms.send_once(
-            Requester(user_id, device_id), room_id, txn_id, event_type, content, redacts
+            requester, call.room_id, call.txn_id, call.type, call.content, call.redacts
         )
 
-    async def end_sessions(self, user_id: str, device_id: str | None) -> None:
-        await self.accounts.end_sessions(user_id, device_id)
+    async def end_sessions(self, call: ep.EndSessionsCall) -> None:
+        await self.accounts.end_sessions(call.user_id, call.device_id)
 
-    async def put_account_data(
-        self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]
-    ) -> None:
-        await self.data.put_account_data(user_id, room_id, data_type, content)
+    async def put_account_data(self, call: ep.AccountDataCall) -> None:
+        await self.data.put_account_data(call.user_id, call.room_id, call.type, call.content)
 
-    async def put_receipt(
-        self, room_id: str, receipt_type: str, user_id: str, event_id: str, thread_id: str | None
-    ) -> None:
-        await self.data.put_receipt(room_id, receipt_type, user_id, event_id, thread_id)
+    async def put_receipt(self, call: ep.ReceiptCall) -> None:
+        await self.data.put_receipt(
+            call.room_id, call.receipt_type, call.user_id, call.event_id, call.thread_id
+        )
 
-    async def send_to_device(
-        self,
-        sender: str,
-        event_type: str,
-        messages: dict[str, dict[str, Any]],
-        transaction: ToDeviceTransaction | None = None,
-    ) -> None:
-        await self.data.send_to_device(sender, event_type, messages, transaction)
+    async def send_to_device(self, call: ep.ToDeviceCall) -> None:
+        await self.data.send_to_device(call.sender, call.type, call.messages, call.transaction)
 
-    async def set_typing(self, room_id: str, user_id: str, typing: bool, timeout_ms: int) -> None:
+    async def set_typing(self, call: ep.TypingCall) -> None:
         if self.typing is None:
             raise ServiceUnavailableError("this process has no typing writer running")
-        self.typing.set_typing(room_id, user_id, typing, timeout_ms)
+        self.typing.set_typing(call.room_id, call.user_id, call.typing, call.timeout)
 
-    async def e2e_keys(self, op: str, args: dict[str, Any]) -> Any:
+    async def e2e_keys(self, call: ep.E2eKeysCall) -> Any:
         if self.keys is None:
             raise ServiceUnavailableError("this process serves no end-to-end keys")
-        return await self.keys.perform(op, args)
+        return await self.keys.perform(call.op, call.args)

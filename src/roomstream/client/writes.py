@@ -30,6 +30,7 @@ from roomstream.client.userdata import ToDeviceTransaction, UserData
 from roomstream.config import Config
 from roomstream.errors import MatrixError, ServiceUnavailableError
 from roomstream.events.room_versions import RoomVersion
+from roomstream.replication import endpoints as ep
 from roomstream.replication.http import RETRY_AFTER_MS, InternalHttpClient
 from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.creation import LocalEventCreator, RoomPreset
@@ -130,8 +131,12 @@ class RoomWriter:
         user_id, device_id, txn_id = transaction
         return await forwarded_call(
             owner,
-            self.http_client.client_send_once(
-                owner, room_id, user_id, device_id, txn_id, event_type, dict(content), redacts
+            self.http_client.call(
+                ep.SEND,
+                owner,
+                ep.SendCall(
+                    room_id, user_id, device_id, txn_id, event_type, dict(content), redacts
+                ),
             ),
         )
 
@@ -165,7 +170,7 @@ class RoomWriter:
         assert self.http_client is not None
         first = self.config.writers_of("events")[0]
         return await forwarded_call(
-            first, self.http_client.client_create_room(first, creator, request)
+            first, self.http_client.call(ep.CREATE_ROOM, first, ep.CreateRoomCall(creator, request))
         )
 
 
@@ -208,8 +213,10 @@ class UserDataWriter:
             assert self.http_client is not None
             await forwarded_call(
                 remote,
-                self.http_client.client_put_account_data(
-                    remote, user_id, room_id, data_type, dict(content)
+                self.http_client.call(
+                    ep.ACCOUNT_DATA,
+                    remote,
+                    ep.AccountDataCall(user_id, room_id, data_type, dict(content)),
                 ),
             )
         finally:
@@ -226,8 +233,10 @@ class UserDataWriter:
         assert self.http_client is not None
         await forwarded_call(
             remote,
-            self.http_client.client_put_receipt(
-                remote, room_id, receipt_type, user_id, event_id, thread_id
+            self.http_client.call(
+                ep.RECEIPT,
+                remote,
+                ep.ReceiptCall(room_id, receipt_type, user_id, event_id, thread_id),
             ),
         )
 
@@ -248,7 +257,11 @@ class UserDataWriter:
         plain = {user: {device: dict(c) for device, c in m.items()} for user, m in messages.items()}
         await forwarded_call(
             remote,
-            self.http_client.client_send_to_device(remote, sender, event_type, plain, transaction),
+            self.http_client.call(
+                ep.TO_DEVICE,
+                remote,
+                ep.ToDeviceCall(sender, event_type, plain, *(transaction or (None, None))),
+            ),
         )
 
     async def set_typing(self, room_id: str, user_id: str, typing: bool, timeout_ms: int) -> None:
@@ -263,5 +276,7 @@ class UserDataWriter:
             return
         await forwarded_call(
             owner,
-            self.http_client.client_set_typing(owner, room_id, user_id, typing, timeout_ms),
+            self.http_client.call(
+                ep.TYPING, owner, ep.TypingCall(room_id, user_id, typing, timeout_ms)
+            ),
         )

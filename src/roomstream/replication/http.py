@@ -19,24 +19,13 @@ Routes, under ``/_roomstream/replication``:
 - ``POST /create_room`` with ``{"creator", "name"?}``: create a room on this instance.
 
 Client-Server API writes forwarded by a process that does not write the stream they go
-to (``/client/...``, served when the process composes a :class:`ClientWrites`). The
-receiving instance must write that stream itself (else 421, never a second hop); the
-forwarding process has already authenticated the user and checked membership:
-
-- ``POST /client/create_room`` with ``{"creator", "request"}``: a whole ``createRoom``
-  request body, created by this events writer exactly as a local one;
-- ``POST /client/send`` with ``{"room_id", "user_id", "device_id", "txn_id", "type",
-  "content", "redacts"?}``: a client's idempotent send (``PUT /send``, ``/redact``) on
-  the writer that owns the room, which alone decides whether the transaction ID was
-  used already (so concurrent retries through different processes get one event);
-- ``POST /client/end_sessions`` with ``{"user_id", "device_id"?}``: log a device out (all
-  of the user's without ``device_id``) on the writer of the ``caches`` stream, which
-  streams the token-cache invalidation with the deletion;
-- ``POST /client/account_data`` with ``{"user_id", "room_id"?, "type", "content"}``;
-- ``POST /client/receipt`` with ``{"room_id", "receipt_type", "user_id", "event_id",
-  "thread_id"?}``;
-- ``POST /client/to_device`` with ``{"sender", "type", "messages"}``;
-- ``POST /client/typing`` with ``{"room_id", "user_id", "typing", "timeout"}``.
+to: ``POST /client/<name>``, one per :class:`~roomstream.replication.endpoints.
+InternalEndpoint` in :data:`~roomstream.replication.endpoints.CLIENT_WRITES` (which
+defines each one's body, answer and stream: ``create_room``, ``send``, ``end_sessions``,
+``account_data``, ``receipt``, ``to_device``, ``typing``), served when the process binds
+handlers to them (:mod:`roomstream.client.forwarded`). The receiving instance must write
+that stream itself (else 421, never a second hop); the forwarding process has already
+authenticated the user and checked membership.
 
 And ``GET /metrics`` (no prefix): Prometheus metrics (:mod:`roomstream.metrics`), on this
 listener too (operational, like ``/health``).
@@ -59,8 +48,8 @@ configuration validation refuses a non-loopback host without a configured secret
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -93,13 +82,19 @@ from roomstream.httpbase import (
 )
 from roomstream.listener import HttpListener
 from roomstream.metrics import CONTENT_TYPE_LATEST
+from roomstream.replication.endpoints import (
+    CLIENT_WRITES,
+    BoundEndpoint,
+    InternalEndpoint,
+    is_identifier,
+    read_identifier,
+)
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.sharding import writer_for_room
 from roomstream.streams import STREAMS, InMemoryStream, StreamTooOldError
 
 __all__ = [
     "PREFIX",
-    "ClientWrites",
     "HttpListener",
     "InternalHttpClient",
     "InternalHttpServer",
@@ -122,6 +117,10 @@ MAX_LIMIT = 10_000
 RETRY_AFTER_MS = 1000
 
 
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
 class StreamTooOldHttpError(StreamTooOldError):
     """The writer answered that it no longer holds the rows asked for."""
 
@@ -138,84 +137,10 @@ def _int_param(request: web.Request, name: str, default: int | None = None) -> i
     return int(raw)
 
 
-def _is_identifier(value: str) -> bool:
-    """An ID or event type we can store: 1..255 characters, none of them a control
-    character (NUL, for one, is refused by PostgreSQL text columns)."""
-    return 0 < len(value) <= 255 and value.isprintable()
-
-
-T = TypeVar("T")
-
-
-def _field(body: dict[str, Any], name: str, kind: type[T], *, optional: bool = False) -> T:
-    """``body[name]`` of JSON type ``kind`` (``None`` when optional and absent)."""
-    value = body.get(name)
-    if value is None:
-        if optional:
-            return None  # type: ignore[return-value]
-        raise MissingParamError(f"{name} is required")
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise BadJsonError(f"{name} must be a {kind.__name__}")
-    return value
-
-
-def _identifier_field(
-    body: dict[str, Any], name: str, *, sigil: str = "", optional: bool = False
-) -> str:
-    """A string field that is an ID or type (:func:`_is_identifier`), starting with
-    ``sigil``."""
-    value = _field(body, name, str, optional=optional)
-    if value is not None and (not _is_identifier(value) or not value.startswith(sigil)):
-        raise InvalidParamError(f"{name} is not a valid ID: {value[:300]!r}")
-    return value
-
-
 SendEvent = Callable[
     [str, str, str, dict[str, Any], str | None, str | None], Awaitable[dict[str, Any]]
 ]
 CreateRoom = Callable[[str, str | None], Awaitable[str]]
-
-
-class ClientWrites(Protocol):
-    """The Client-Server API writes another process forwards to this one (performed
-    here, locally; the caller has authenticated the user and checked membership)."""
-
-    async def create_room(self, creator: str, request: dict[str, Any]) -> str: ...
-
-    async def send_once(
-        self,
-        room_id: str,
-        user_id: str,
-        device_id: str,
-        txn_id: str,
-        event_type: str,
-        content: dict[str, Any],
-        redacts: str | None,
-    ) -> str: ...
-
-    async def end_sessions(self, user_id: str, device_id: str | None) -> None: ...
-
-    async def put_account_data(
-        self, user_id: str, room_id: str | None, data_type: str, content: dict[str, Any]
-    ) -> None: ...
-
-    async def put_receipt(
-        self, room_id: str, receipt_type: str, user_id: str, event_id: str, thread_id: str | None
-    ) -> None: ...
-
-    async def send_to_device(
-        self,
-        sender: str,
-        event_type: str,
-        messages: dict[str, dict[str, Any]],
-        transaction: tuple[str, str] | None = None,
-    ) -> None: ...
-
-    async def set_typing(
-        self, room_id: str, user_id: str, typing: bool, timeout_ms: int
-    ) -> None: ...
-
-    async def e2e_keys(self, op: str, args: dict[str, Any]) -> Any: ...
 
 
 class InternalHttpServer(HttpListener):
@@ -223,7 +148,8 @@ class InternalHttpServer(HttpListener):
     that present the deployment's secret.
 
     ``send_event`` / ``create_room`` persist locally (None: this instance is no events
-    writer); ``status`` supplies the health document's extra fields.
+    writer); ``status`` supplies the health document's extra fields; ``client_writes``
+    binds handlers to the endpoints of :data:`CLIENT_WRITES` (an unbound one answers 421).
     """
 
     def __init__(
@@ -236,7 +162,7 @@ class InternalHttpServer(HttpListener):
         status: Callable[[], dict[str, Any]] | None = None,
         client: InternalHttpClient | None = None,
         metrics: Callable[[], bytes] | None = None,
-        client_writes: ClientWrites | None = None,
+        client_writes: Iterable[BoundEndpoint[Any, Any]] = (),
     ) -> None:
         self.config = config
         self._memory = dict(memory_streams or {})
@@ -244,7 +170,7 @@ class InternalHttpServer(HttpListener):
         self._create_room = create_room
         self._status = status
         self._client = client
-        self._client_writes = client_writes
+        self._client_writes = {bound.endpoint: bound for bound in client_writes}
         super().__init__(
             web.Application(
                 middlewares=[
@@ -263,15 +189,8 @@ class InternalHttpServer(HttpListener):
         self.app.router.add_get(PREFIX + "/streams/{stream}/updates", self._updates)
         self.app.router.add_post(PREFIX + "/rooms/{room_id}/send_event", self._send)
         self.app.router.add_post(PREFIX + "/create_room", self._create)
-        forwarded = PREFIX + "/client"
-        self.app.router.add_post(forwarded + "/create_room", self._client_create_room)
-        self.app.router.add_post(forwarded + "/send", self._client_send)
-        self.app.router.add_post(forwarded + "/end_sessions", self._client_end_sessions)
-        self.app.router.add_post(forwarded + "/account_data", self._client_account_data)
-        self.app.router.add_post(forwarded + "/receipt", self._client_receipt)
-        self.app.router.add_post(forwarded + "/to_device", self._client_to_device)
-        self.app.router.add_post(forwarded + "/typing", self._client_typing)
-        self.app.router.add_post(forwarded + "/e2e_keys", self._client_e2e_keys)
+        for endpoint in CLIENT_WRITES:
+            self.app.router.add_post(PREFIX + endpoint.path, self._client_write_route(endpoint))
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Listen on the instance's host and ``internal_port`` (or those given)."""
@@ -324,14 +243,14 @@ class InternalHttpServer(HttpListener):
 
     async def _send(self, request: web.Request) -> web.Response:
         room_id = request.match_info["room_id"]
-        if not room_id.startswith("!") or not _is_identifier(room_id):
+        if not room_id.startswith("!") or not is_identifier(room_id):
             raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
         body = await read_json(request)
         sender, event_type = body.get("sender"), body.get("type")
         content, state_key = body.get("content", {}), body.get("state_key")
         if not isinstance(sender, str) or not isinstance(event_type, str):
             raise MissingParamError("sender and type (strings) are required")
-        if not _is_identifier(sender) or not _is_identifier(event_type):
+        if not is_identifier(sender) or not is_identifier(event_type):
             raise InvalidParamError("sender and type must be printable IDs")
         if not isinstance(content, dict):
             raise BadJsonError("content must be an object")
@@ -339,7 +258,7 @@ class InternalHttpServer(HttpListener):
             raise BadJsonError("state_key must be a string")
         if state_key is not None and "\x00" in state_key:
             raise InvalidParamError("state_key must not contain NUL")
-        redacts = _identifier_field(body, "redacts", sigil="$", optional=True)
+        redacts = read_identifier(body, "redacts", sigil="$", optional=True)
         owner = writer_for_room(room_id, self.config.writers_of("events"))
         if owner != self.config.instance_name or self._send_event is None:
             if request.headers.get(FORWARDED_HEADER) or self._client is None:
@@ -361,119 +280,28 @@ class InternalHttpServer(HttpListener):
         room_id = await self._create_room(creator, name)
         return json_response({"room_id": room_id})
 
-    def _writes_for(self, stream_name: str) -> ClientWrites:
-        """The local writes, if this instance writes ``stream_name`` (421 otherwise: the
-        caller's configuration disagrees; no second hop)."""
-        writers = self.config.writers_of(stream_name)
-        if self._client_writes is None or self.config.instance_name not in writers:
-            raise WrongWriterError(
-                f"{self.config.instance_name} does not write {stream_name}"
-                f" (its writers: {', '.join(writers)})",
-            )
-        return self._client_writes
+    def _client_write_route(
+        self, endpoint: InternalEndpoint[Any, Any]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """The route of one forwarded write: this instance must write its stream and
+        have it bound (else 421: the caller's configuration disagrees; no second hop)."""
 
-    async def _client_create_room(self, request: web.Request) -> web.Response:
-        writes = self._writes_for("events")
-        body = await read_json(request)
-        creator = _identifier_field(body, "creator", sigil="@")
-        room_id = await writes.create_room(creator, _field(body, "request", dict))
-        return json_response({"room_id": room_id})
+        async def route(request: web.Request) -> web.Response:
+            bound = self._client_writes.get(endpoint)
+            writers = self.config.writers_of(endpoint.stream)
+            if bound is None or self.config.instance_name not in writers:
+                raise WrongWriterError(
+                    f"{self.config.instance_name} does not write {endpoint.stream}"
+                    f" (its writers: {', '.join(writers)})",
+                )
+            call = endpoint.parse(await read_json(request))
+            if endpoint.room_owned:
+                owner = writer_for_room(call.room_id, writers)
+                if owner != self.config.instance_name:
+                    raise WrongWriterError(f"{call.room_id} is written by {owner}")
+            return json_response(endpoint.encode_answer(await bound.handler(call)))
 
-    async def _client_send(self, request: web.Request) -> web.Response:
-        writes = self._writes_for("events")
-        body = await read_json(request)
-        room_id = _identifier_field(body, "room_id", sigil="!")
-        owner = writer_for_room(room_id, self.config.writers_of("events"))
-        if owner != self.config.instance_name:
-            raise WrongWriterError(f"{room_id} is written by {owner}")
-        event_id = await writes.send_once(
-            room_id,
-            _identifier_field(body, "user_id", sigil="@"),
-            _field(body, "device_id", str),
-            _field(body, "txn_id", str),
-            _identifier_field(body, "type"),
-            _field(body, "content", dict),
-            _identifier_field(body, "redacts", sigil="$", optional=True),
-        )
-        return json_response({"event_id": event_id})
-
-    async def _client_end_sessions(self, request: web.Request) -> web.Response:
-        writes = self._writes_for("caches")
-        body = await read_json(request)
-        await writes.end_sessions(
-            _identifier_field(body, "user_id", sigil="@"),
-            _field(body, "device_id", str, optional=True),
-        )
-        return json_response({})
-
-    async def _client_account_data(self, request: web.Request) -> web.Response:
-        writes = self._writes_for("account_data")
-        body = await read_json(request)
-        await writes.put_account_data(
-            _identifier_field(body, "user_id", sigil="@"),
-            _identifier_field(body, "room_id", sigil="!", optional=True),
-            _identifier_field(body, "type"),
-            _field(body, "content", dict),
-        )
-        return json_response({})
-
-    async def _client_receipt(self, request: web.Request) -> web.Response:
-        writes = self._writes_for("receipts")
-        body = await read_json(request)
-        await writes.put_receipt(
-            _identifier_field(body, "room_id", sigil="!"),
-            _identifier_field(body, "receipt_type"),
-            _identifier_field(body, "user_id", sigil="@"),
-            _identifier_field(body, "event_id"),
-            _identifier_field(body, "thread_id", optional=True),
-        )
-        return json_response({})
-
-    async def _client_to_device(self, request: web.Request) -> web.Response:
-        writes = self._writes_for("to_device")
-        body = await read_json(request)
-        messages = _field(body, "messages", dict)
-        for user_id, by_device in messages.items():
-            if not _is_identifier(user_id) or not isinstance(by_device, dict):
-                raise BadJsonError("messages: user -> device -> object")
-            for device_id, content in by_device.items():
-                if not _is_identifier(device_id) or not isinstance(content, dict):
-                    raise BadJsonError("messages: user -> device -> object")
-        transaction = None
-        if body.get("txn_id") is not None:
-            transaction = (
-                _field(body, "sender_device", str),
-                _field(body, "txn_id", str),
-            )
-        await writes.send_to_device(
-            _identifier_field(body, "sender", sigil="@"),
-            _identifier_field(body, "type"),
-            messages,
-            transaction,
-        )
-        return json_response({})
-
-    async def _client_typing(self, request: web.Request) -> web.Response:
-        writes = self._writes_for("typing")
-        body = await read_json(request)
-        timeout = _field(body, "timeout", int)
-        if not 0 <= timeout <= 2**53:
-            raise InvalidParamError("timeout must be a non-negative integer")
-        await writes.set_typing(
-            _identifier_field(body, "room_id", sigil="!"),
-            _identifier_field(body, "user_id", sigil="@"),
-            _field(body, "typing", bool),
-            timeout,
-        )
-        return json_response({})
-
-    async def _client_e2e_keys(self, request: web.Request) -> web.Response:
-        """An end-to-end-keys write that writes a ``device_lists`` row (its arguments
-        are checked by :meth:`roomstream.e2e.E2eKeys.perform`)."""
-        writes = self._writes_for("device_lists")
-        body = await read_json(request)
-        result = await writes.e2e_keys(_identifier_field(body, "op"), _field(body, "args", dict))
-        return web.json_response({"result": result})
+        return route
 
 
 class InternalHttpClient:
@@ -602,102 +430,15 @@ class InternalHttpClient:
         )
         return str(result["room_id"])
 
-    # -- Client-Server API writes, on the instance that writes their stream ------------
-
-    async def client_create_room(
-        self, instance_name: str, creator: str, request: dict[str, Any]
-    ) -> str:
-        """A whole ``createRoom`` request, carried out by the events writer
-        ``instance_name``; the new room's ID."""
-        body = {"creator": creator, "request": request}
-        result = await self._call(instance_name, "POST", "/client/create_room", body=body)
-        return str(result["room_id"])
-
-    async def client_send_once(
-        self,
-        instance_name: str,
-        room_id: str,
-        user_id: str,
-        device_id: str,
-        txn_id: str,
-        event_type: str,
-        content: dict[str, Any],
-        redacts: str | None,
-    ) -> str:
-        """A client's idempotent send, carried out by the room's owner; its event ID."""
-        body: dict[str, Any] = {
-            "room_id": room_id,
-            "user_id": user_id,
-            "device_id": device_id,
-            "txn_id": txn_id,
-            "type": event_type,
-            "content": content,
-        }
-        if redacts is not None:
-            body["redacts"] = redacts
-        result = await self._call(instance_name, "POST", "/client/send", body=body)
-        assert isinstance(result, dict)
-        return str(result["event_id"])
-
-    async def client_end_sessions(
-        self, instance_name: str, user_id: str, device_id: str | None
-    ) -> None:
-        body = {"user_id": user_id, "device_id": device_id}
-        await self._call(instance_name, "POST", "/client/end_sessions", body=body)
-
-    async def client_put_account_data(
-        self,
-        instance_name: str,
-        user_id: str,
-        room_id: str | None,
-        data_type: str,
-        content: dict[str, Any],
-    ) -> None:
-        body = {"user_id": user_id, "room_id": room_id, "type": data_type, "content": content}
-        await self._call(instance_name, "POST", "/client/account_data", body=body)
-
-    async def client_put_receipt(
-        self,
-        instance_name: str,
-        room_id: str,
-        receipt_type: str,
-        user_id: str,
-        event_id: str,
-        thread_id: str | None,
-    ) -> None:
-        body = {
-            "room_id": room_id,
-            "receipt_type": receipt_type,
-            "user_id": user_id,
-            "event_id": event_id,
-            "thread_id": thread_id,
-        }
-        await self._call(instance_name, "POST", "/client/receipt", body=body)
-
-    async def client_send_to_device(
-        self,
-        instance_name: str,
-        sender: str,
-        event_type: str,
-        messages: dict[str, dict[str, Any]],
-        transaction: tuple[str, str] | None = None,
-    ) -> None:
-        body: dict[str, Any] = {"sender": sender, "type": event_type, "messages": messages}
-        if transaction is not None:
-            body["sender_device"], body["txn_id"] = transaction
-        await self._call(instance_name, "POST", "/client/to_device", body=body)
-
-    async def client_set_typing(
-        self, instance_name: str, room_id: str, user_id: str, typing: bool, timeout_ms: int
-    ) -> None:
-        body = {"room_id": room_id, "user_id": user_id, "typing": typing, "timeout": timeout_ms}
-        await self._call(instance_name, "POST", "/client/typing", body=body)
-
-    async def client_e2e_keys(self, instance_name: str, op: str, args: dict[str, Any]) -> Any:
-        answer = await self._call(
-            instance_name, "POST", "/client/e2e_keys", body={"op": op, "args": args}
+    async def call(
+        self, endpoint: InternalEndpoint[Req, Resp], instance_name: str, request: Req
+    ) -> Resp:
+        """Have ``instance_name`` (a writer of the endpoint's stream) carry out a
+        forwarded Client-Server API write; its answer."""
+        body = endpoint.encode(request)
+        return endpoint.decode_answer(
+            await self._call(instance_name, "POST", endpoint.path, body=body)
         )
-        return answer["result"] if isinstance(answer, dict) else None
 
     async def get_updates(
         self, instance_name: str, stream_name: str, from_token: int, upto_token: int, limit: int

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from roomstream.pipelines.dbio import options_from_config
 from roomstream.pipelines.sinks import DatabaseSink, collect_rows
 from roomstream.storage import Database, DatabaseConfig, Transaction
 from roomstream.streams import StreamIdGenerator
 from roomstream.streams.registry import EVENTS, get_updates_txn
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
 
 DAY_MS = 86_400_000
 BASE_TS = 1_700_000_000_000
@@ -162,3 +168,30 @@ def expected_txn(
         updates, _, _ = get_updates_txn(txn, EVENTS, writer, 0, upto, 10**9)
         out.extend((writer, token, orjson.dumps(row).decode()) for token, row in updates)
     return sorted(out)
+
+
+def contents_txn(txn: Transaction) -> dict[str, dict[str, object]]:
+    import orjson
+
+    return {
+        r[0]: orjson.loads(r[1])["content"]
+        for r in txn.query("SELECT event_id, json FROM event_json")
+    }
+
+
+def start_facts_query(
+    spark: SparkSession,
+    config: DatabaseConfig,
+    checkpoint: Path,
+    sink: DatabaseSink[Any],
+    **opts: str,
+) -> StreamingQuery:
+    reader = spark.readStream.format("roomstream").option("stream", "events")
+    for key, value in {**options_from_config(config), **opts}.items():
+        reader = reader.option(key, value)
+    return (
+        reader.load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from roomstream.storage import Database
 from roomstream.streams import StreamIdGenerator
-from tests.pipelines.helpers import (
+from tests.support.pipelines import (
     BASE_TS,
     DAY_MS,
     Ev,

@@ -22,7 +22,7 @@ from roomstream.events.model import Event
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
 from roomstream.rooms.persist import EventPersister
-from tests.rooms.conftest import remote_event
+from tests.support.rooms import remote_event
 
 ALICE = "@alice:local.test"
 #: Longest wait for an announcement (a bound for a broken build, never reached otherwise).

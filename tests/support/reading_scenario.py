@@ -17,13 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import strategies as st
 from signedjson.types import SigningKey
 
+from roomstream.errors import MatrixError
 from roomstream.events.auth import auth_types_for_event
 from roomstream.events.format import build_event_dict, finalise_local_event
 from roomstream.events.model import Event
-from roomstream.reading import EventsToken
+from roomstream.reading import EventsToken, RoomReader
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
 
@@ -396,3 +398,144 @@ class Oracle:
     def visible(self, user: str) -> list[OracleEvent]:
         """Events the user may see, in topological order."""
         return [e for e in self.events if self.may_see(user, e)]
+
+
+async def check_room(engine: RoomEngine, reader: RoomReader, played: PlayedRoom) -> None:
+    oracle = await Oracle.build(engine, played)
+    room_id = played.room_id
+    current = await engine.store.get_current_state(room_id)
+    for user in played.users.values():
+        visible = oracle.visible(user)
+        ids = [e.event.event_id for e in visible]
+        # Back pagination, pages of 3.
+        seen: list[str] = []
+        token = None
+        while True:
+            chunk = await reader.paginate(user, room_id, token, direction="b", limit=3)
+            seen.extend(e["event_id"] for e in chunk.events)
+            if chunk.end is None:
+                break
+            token = chunk.end
+        assert seen == list(reversed(ids)), f"back pagination for {user}"
+        # Forward pagination, pages of 4.
+        seen = []
+        token = None
+        while True:
+            chunk = await reader.paginate(user, room_id, token, direction="f", limit=4)
+            seen.extend(e["event_id"] for e in chunk.events)
+            if chunk.end is None:
+                break
+            token = chunk.end
+        assert seen == ids, f"forward pagination for {user}"
+        # The latest events (sliding sync's read), and back pagination from its prev_batch.
+        for limit in (1, 3):
+            page = (await reader.latest_pages(user, [room_id], limit=limit))[room_id]
+            assert [e["event_id"] for e in page.events] == ids[-limit:], f"latest for {user}"
+            assert page.limited == (len(ids) > limit)
+            older = await reader.paginate(user, room_id, page.prev_batch, limit=1000)
+            assert [e["event_id"] for e in older.events] == list(reversed(ids[:-limit]))
+
+        # Sync from each token.
+        membership_id = current.get(("m.room.member", user))
+        membership = None
+        if membership_id is not None:
+            membership = (await engine.store.get_event(membership_id)).content.get(  # type: ignore[union-attr]
+                "membership"
+            )
+        own = oracle.own_membership_events.get(user, [])
+        for since in played.tokens:
+            position = since.position("main")
+            expected = sorted((e for e in visible if e.stream > position), key=lambda e: e.stream)
+            own_since = [ev.event_id for s, ev in own if s > position]
+            for limit in (100, 2):
+                result = await reader.sync(user, since, timeline_limit=limit)
+                assert [e["event_id"] for e in result.membership_changes] == own_since
+                room = result.rooms.get(room_id)
+                if room is None:
+                    assert not own_since
+                    assert membership != "join" or not expected, f"sync for {user} missed"
+                    continue
+                want = [e.event.event_id for e in expected][-limit:]
+                assert [e["event_id"] for e in room.events] == want, f"sync for {user}"
+                assert room.limited == (len(expected) > limit)
+
+        # Latest rooms.
+        page = await reader.latest_rooms(user, room_limit=5, event_limit=3, state="none")
+        by_room = {r.room_id: r for r in page.rooms}
+        if membership in ("join", "leave", "ban"):
+            timeline = by_room[room_id]
+            assert [e["event_id"] for e in timeline.events] == ids[-3:], f"latest for {user}"
+            assert timeline.limited == (len(ids) > 3)
+        elif membership == "invite":
+            assert by_room[room_id].events == []
+        else:
+            assert room_id not in by_room
+
+        # Context, single events, redactions.
+        allowed = set(ids)
+        for index, e in enumerate(oracle.events):
+            event_id = e.event.event_id
+            served = await reader.get_event(user, event_id)
+            if event_id not in allowed:
+                assert served is None, f"{user} may not see {event_id}"
+                with pytest.raises(MatrixError):
+                    await reader.context(user, room_id, event_id, before=2, after=2)
+                continue
+            assert served is not None
+            if e.redacted_by is not None:
+                assert served["unsigned"]["redacted_because"]["event_id"] == e.redacted_by
+                if e.event.type == "m.room.message":
+                    assert served["content"] == {}
+            else:
+                assert "redacted_because" not in served.get("unsigned", {})
+                assert served["content"] == e.event.content
+            if index % 3 == 0:
+                context = await reader.context(user, room_id, event_id, before=2, after=2)
+                at = ids.index(event_id)
+                assert [x["event_id"] for x in context.events_before] == list(
+                    reversed(ids[max(0, at - 2) : at])
+                )
+                assert [x["event_id"] for x in context.events_after] == ids[at + 1 : at + 3]
+
+
+#: Scripts that between them exercise every rule and edge case.
+FIXED: list[tuple[list[Move], str]] = [
+    (  # shared history seen by later joiners; joined visibility hides it
+        [("message", "alice"), ("join", "bob"), ("message", "bob"), ("hv", "joined"),
+         ("message", "alice"), ("leave", "bob"), ("message", "alice"), ("join", "carol"),
+         ("message", "carol")],
+        "12",
+    ),
+    (  # shared history after a member left is not theirs
+        [("join", "bob"), ("message", "bob"), ("leave", "bob"), ("message", "alice"),
+         ("invite", "carol"), ("message", "alice")],
+        "11",
+    ),
+    (  # invited visibility, invites, kicks, bans, rejoin
+        [("hv", "invited"), ("invite", "bob"), ("message", "alice"), ("join", "bob"),
+         ("message", "bob"), ("kick", "bob"), ("message", "alice"), ("join", "bob"),
+         ("ban", "carol"), ("message", "alice"), ("invite", "dave"), ("message", "alice")],
+        "10",
+    ),
+    (  # world_readable for people who never joined; visibility changes back and forth
+        [("hv", "world_readable"), ("message", "alice"), ("hv", "joined"),
+         ("message", "alice"), ("hv", "world_readable"), ("join", "dave"),
+         ("leave", "dave"), ("message", "alice")],
+        "12",
+    ),
+    (  # own membership events under joined visibility; forks
+        [("hv", "joined"), ("invite", "carol"), ("join", "carol"), ("message", "carol"),
+         ("leave", "carol"), ("fork", "alice", "message", 2, "shared"),
+         ("fork", "alice", "hv", 1, "world_readable"), ("message", "alice"),
+         ("join", "bob"), ("redact", 0), ("early_redaction",)],
+        "12",
+    ),
+    (  # a late chain lands in the middle: the membership it carries ends where it ends
+        [("message", "alice"), ("message", "alice"), ("message", "alice"),
+         ("late_chain", "bob", "join", 2, 3), ("message", "alice"), ("message", "alice"),
+         ("message", "alice"), ("message", "bob"), ("hv", "joined"),
+         ("late_chain", "carol", "join", 1, 2), ("message", "alice"), ("message", "alice"),
+         ("message", "carol")],
+        "12",
+    ),
+]  # fmt: skip

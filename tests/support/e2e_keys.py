@@ -74,3 +74,16 @@ class CrossSigning:
         """A signed deep copy (signedjson signs in place, sharing nested dicts)."""
         key.version = public(key)  # type: ignore[attr-defined]
         return sign_json(copy.deepcopy(obj), self.user_id, key)
+
+
+#: The password tests register users with (tests/support/homeserver.py).
+PASSWORD = "secret-password"
+
+
+def password_auth(user_id: str, password: str = PASSWORD, session: str = "") -> dict[str, Any]:
+    return {
+        "type": "m.login.password",
+        "identifier": {"type": "m.id.user", "user": user_id},
+        "password": password,
+        "session": session,
+    }
