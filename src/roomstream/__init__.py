@@ -16,7 +16,7 @@ order and ``make lint`` checks it (README, "Layout"):
 - ``events``, ``config``;
 - ``streams``;
 - ``storage``;
-- ``errors``, ``metrics``, ``exactjson``, ``glob``.
+- ``errors``, ``metrics``, ``exactjson``, ``glob``, ``grammar`` (identifier grammars).
 """
 
 __version__ = "0.1.0"

@@ -1,14 +1,14 @@
 """Registration, login, logout and access-token authentication: the Matrix rules.
 
 Invariants: a user ID is ``@localpart:server_name`` with the localpart from the spec's
-grammar (``a-z 0-9 . _ = - / +``) and at most 255 characters in all; passwords are kept
-only as argon2 hashes; access tokens only as SHA-256 hashes; every login creates (or
-reuses, when the client names it) a device and gives it a fresh token.
+grammar (``a-z 0-9 . _ = - / +``, :func:`~roomstream.grammar.is_new_user_id`) and at most
+255 bytes in all; passwords are kept only as argon2 hashes; access tokens only as
+SHA-256 hashes; every login creates (or reuses, when the client names it) a device and
+gives it a fresh token.
 """
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +32,7 @@ from roomstream.errors import (
     UnknownTokenError,
     UserInUseError,
 )
+from roomstream.grammar import is_new_user_id, is_new_user_localpart, split_user_id
 from roomstream.storage import Transaction
 from roomstream.streams import StreamIdGenerator
 
@@ -43,10 +44,8 @@ __all__ = [
     "parse_user_id",
 ]
 
-MAX_USER_ID_LENGTH = 255
 MAX_PASSWORD_LENGTH = 512
 MAX_DEVICE_ID_LENGTH = 255
-LOCALPART = re.compile(r"[a-z0-9._=\-/+]+")
 #: The one user-interactive-auth flow offered for registration.
 REGISTRATION_FLOWS = [{"stages": ["m.login.dummy"]}]
 #: How long a registration can be answered again through its session (Synapse keeps
@@ -89,13 +88,12 @@ class LoginResult:
 
 
 def parse_user_id(user_id: str) -> tuple[str, str]:
-    """(localpart, server name) of a user ID; M_INVALID_PARAM if it is not one."""
-    if not user_id.startswith("@") or ":" not in user_id or len(user_id) > MAX_USER_ID_LENGTH:
+    """(localpart, server name) of a user ID (:func:`~roomstream.grammar.split_user_id`:
+    the historical grammar a server must accept); M_INVALID_PARAM if it is not one."""
+    parts = split_user_id(user_id)
+    if parts is None:
         raise InvalidParamError(f"not a user ID: {user_id[:300]!r}")
-    localpart, _, server = user_id[1:].partition(":")
-    if not localpart or not server:
-        raise InvalidParamError(f"not a user ID: {user_id[:300]!r}")
-    return localpart, server
+    return parts
 
 
 class Accounts:
@@ -132,12 +130,12 @@ class Accounts:
 
     def user_id_for(self, localpart: str) -> str:
         localpart = localpart.lower() if localpart.isascii() else localpart
-        if not LOCALPART.fullmatch(localpart):
+        if not is_new_user_localpart(localpart):
             raise InvalidUsernameError(
                 "user names may contain only a-z, 0-9, and the characters . _ = - / +",
             )
         user_id = f"@{localpart}:{self.server_name}"
-        if len(user_id) > MAX_USER_ID_LENGTH:
+        if not is_new_user_id(user_id):
             raise InvalidUsernameError("user ID too long")
         return user_id
 

@@ -24,13 +24,12 @@ from roomstream.events.auth import (
     get_send_level,
     get_user_power_level,
 )
-from roomstream.events.format import is_valid_server_name
+from roomstream.grammar import is_room_alias
 from roomstream.rooms.store import EventStore
 
 __all__ = ["CANONICAL_ALIAS", "AliasRules", "canonical_aliases"]
 
 CANONICAL_ALIAS: Final = "m.room.canonical_alias"
-MAX_ALIAS_LENGTH: Final = 255
 
 
 def _invalid(message: str) -> InvalidParamError:
@@ -38,17 +37,11 @@ def _invalid(message: str) -> InvalidParamError:
 
 
 def check_alias_grammar(alias: object) -> str:
-    """``#localpart:server``, at most 255 characters; else ``400 M_INVALID_PARAM``."""
+    """A room alias (:func:`~roomstream.grammar.is_room_alias`); else
+    ``400 M_INVALID_PARAM``."""
     if not isinstance(alias, str):
         raise _invalid(f"not a room alias: {str(alias)[:80]!r}")
-    localpart, sep, server = alias[1:].partition(":")
-    if (
-        not alias.startswith("#")
-        or not sep
-        or not localpart
-        or len(alias) > MAX_ALIAS_LENGTH
-        or not is_valid_server_name(server)
-    ):
+    if not is_room_alias(alias):
         raise _invalid(f"not a room alias: {alias[:80]!r}")
     return alias
 

@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roomstream.errors import BadJsonError
-from roomstream.events.format import is_valid_room_id, is_valid_user_id
-from roomstream.events.room_versions import ROOM_V11, ROOM_V12
 from roomstream.glob import MAX_GLOB_LENGTH, Glob, compile_glob
+from roomstream.grammar import is_pdu_sender, is_room_id
 
 __all__ = [
     "EMPTY_ROOM_EVENT_FILTER",
@@ -124,11 +123,6 @@ def _string_list(definition: Mapping[str, Any], key: str, where: str) -> tuple[s
     return tuple(value)
 
 
-def _is_room_id(value: str) -> bool:
-    # Filters are not tied to a room version: either form of room ID is one.
-    return is_valid_room_id(value, ROOM_V11) or is_valid_room_id(value, ROOM_V12)
-
-
 def _id_list(
     definition: Mapping[str, Any], key: str, where: str, kind: Literal["room", "user"]
 ) -> tuple[str, ...] | None:
@@ -136,7 +130,9 @@ def _id_list(
     any malformed filter: such an entry could never match, and the client meant
     something else)."""
     values = _string_list(definition, key, where)
-    valid = _is_room_id if kind == "room" else is_valid_user_id
+    # Filters are not tied to a room version: either form of room ID is one; senders
+    # are matched against PDU senders, so anything a PDU may carry can be named.
+    valid = is_room_id if kind == "room" else is_pdu_sender
     for value in values or ():
         if not valid(value):
             raise _bad(f"{where}{key}: not a {kind} ID: {value[:80]!r}")

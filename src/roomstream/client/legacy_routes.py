@@ -14,11 +14,11 @@ from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
 from roomstream.client.sync import SyncToken
 from roomstream.errors import InvalidParamError, NotFoundError
+from roomstream.grammar import MAX_ID_BYTES, is_room_id_to_look_up, utf8_length
 from roomstream.reading import EventsToken, RoomReader
 
 __all__ = ["legacy_routes"]
 
-MAX_ID_LENGTH = 255
 #: Default events per room of the room and global ``initialSync`` (as Synapse).
 DEFAULT_INITIAL_SYNC_LIMIT = 10
 #: Default events per room of one ``/events`` answer.
@@ -27,15 +27,15 @@ DEFAULT_EVENTS_LIMIT = 100
 
 def _room_id(request: web.Request) -> str:
     room_id = request.match_info["room_id"]
-    if not room_id.startswith("!") or not 1 < len(room_id) <= MAX_ID_LENGTH:
+    if not is_room_id_to_look_up(room_id):
         raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
     return room_id
 
 
 def _path_value(request: web.Request, name: str) -> str:
     value = request.match_info[name]
-    if not value or len(value) > MAX_ID_LENGTH:
-        raise InvalidParamError(f"{name} must be 1-{MAX_ID_LENGTH} characters")
+    if not value or utf8_length(value) > MAX_ID_BYTES:
+        raise InvalidParamError(f"{name} must be 1-{MAX_ID_BYTES} bytes")
     return value
 
 
@@ -83,7 +83,7 @@ def legacy_routes(
         timeout_ms = query_int(request, "timeout", 30_000)
         limit = clamp_limit(query_int(request, "limit", DEFAULT_EVENTS_LIMIT, high=10_000))
         room_id = request.query.get("room_id")
-        if room_id is not None and not (room_id.startswith("!") and len(room_id) <= MAX_ID_LENGTH):
+        if room_id is not None and not is_room_id_to_look_up(room_id):
             raise InvalidParamError("room_id must be a room ID")
         return json_response(await legacy.events(requester, since, timeout_ms, limit, room_id))
 

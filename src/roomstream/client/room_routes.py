@@ -11,22 +11,21 @@ from roomstream.client.request import json_response, optional, read_json, requir
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.server import Route, authenticate
 from roomstream.errors import InvalidParamError, NotFoundError
+from roomstream.grammar import MAX_ID_BYTES, is_room_id_to_look_up, utf8_length
 
 __all__ = ["room_routes"]
-
-MAX_ID_LENGTH = 255
 
 
 def _room_id(request: web.Request) -> str:
     room_id = request.match_info["room_id"]
-    if not room_id.startswith("!") or not 1 < len(room_id) <= MAX_ID_LENGTH:
+    if not is_room_id_to_look_up(room_id):
         raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
     return room_id
 
 
 def _path_value(request: web.Request, name: str) -> str:
     value = request.match_info.get(name, "")
-    if len(value) > MAX_ID_LENGTH:
+    if utf8_length(value) > MAX_ID_BYTES:
         raise InvalidParamError(f"{name} is too long")
     return value
 

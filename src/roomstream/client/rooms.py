@@ -34,6 +34,7 @@ from roomstream.errors import (
     RoomInUseError,
 )
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, room_version
+from roomstream.grammar import is_room_alias, is_room_id_to_look_up
 from roomstream.reading import RoomReader, client_event
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.persist import TransactionKey
@@ -44,7 +45,6 @@ __all__ = ["CreateRoomRequest", "RoomService", "StateEvent"]
 
 PRESETS = ("private_chat", "public_chat", "trusted_private_chat")
 MEMBERSHIP_ACTIONS = ("invite", "kick", "ban", "unban")
-MAX_ALIAS_LENGTH = 255
 #: Transaction IDs kept in memory per (room, user, device), and how many such sets.
 DEVICE_TRANSACTIONS_KEPT = 10_000
 DEVICES_KEPT = 10_000
@@ -321,7 +321,7 @@ class RoomService:
             if found is None:
                 raise NotFoundError(f"room alias {room_id_or_alias} unknown")
             return found[0]
-        if not room_id_or_alias.startswith("!"):
+        if not is_room_id_to_look_up(room_id_or_alias):
             raise InvalidParamError("expected a room ID or alias")
         return room_id_or_alias
 
@@ -540,10 +540,9 @@ class RoomService:
     # -- aliases -----------------------------------------------------------------------
 
     def _local_alias(self, alias: str) -> str:
-        if not alias.startswith("#") or ":" not in alias or len(alias) > MAX_ALIAS_LENGTH:
+        if not is_room_alias(alias):
             raise InvalidParamError(f"not a room alias: {alias[:300]!r}")
-        localpart, _, server = alias[1:].partition(":")
-        if not localpart or server != self.server_name:
+        if alias.partition(":")[2] != self.server_name:
             raise InvalidParamError(f"room aliases must end in :{self.server_name}")
         return alias
 

@@ -19,13 +19,13 @@ server of ``join_authorised_via_users_server``; those need keys, not room state.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Collection, Mapping
 from typing import Any, Final, TypeGuard
 
 from roomstream.errors import AuthError
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
+from roomstream.grammar import is_user_id
 
 __all__ = [
     "CREATE",
@@ -42,7 +42,6 @@ __all__ = [
     "get_send_level",
     "get_user_power_level",
     "holds_redact_level",
-    "is_valid_user_id",
     "redaction_applies",
 ]
 
@@ -96,32 +95,9 @@ _NAMED_LEVELS: Final = (
 )
 _LEVEL_MAPS: Final = ("events", "notifications")
 
-# ``@localpart:server_name``: the localpart is printable ASCII other than ``:`` (so the
-# first ``:`` ends it), the server name an IPv4 address or DNS name, or a bracketed IPv6
-# literal, with an optional port. One compiled pattern: a merge in a room whose power
-# levels list thousands of users checks every key of every power levels change it
-# replays, and a character-by-character loop in Python made that most of the merge's CPU.
-_USER_ID = re.compile(
-    r"@[\x21-\x39\x3b-\x7e]+:(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::[0-9]{1,5})?"
-)
-
-
 # --------------------------------------------------------------------------------------
 # Small helpers on identifiers and levels
 # --------------------------------------------------------------------------------------
-
-
-def is_valid_user_id(user_id: object) -> bool:
-    """Whether ``user_id`` is a user ID: ``@localpart:server_name``, at most 255 bytes.
-
-    The localpart is checked against the historical grammar (printable ASCII other than
-    ``:``), which every room must keep accepting; the server name must be a hostname,
-    IPv4 or bracketed IPv6 literal with an optional port.
-    """
-    # A match is all ASCII, so its length in characters is its length in bytes.
-    return (
-        isinstance(user_id, str) and len(user_id) <= 255 and _USER_ID.fullmatch(user_id) is not None
-    )
 
 
 def _domain(user_id: str) -> str:
@@ -428,7 +404,7 @@ def _check_create(event: Event) -> None:
     # v12 1.4 (MSC4289): additional creators are user IDs like the sender.
     if version.privileged_creators and "additional_creators" in event.content:
         extra = event.content["additional_creators"]
-        if not isinstance(extra, list) or not all(is_valid_user_id(u) for u in extra):
+        if not isinstance(extra, list) or not all(is_user_id(u) for u in extra):
             raise AuthError("m.room.create additional_creators must be an array of valid user IDs")
 
 
@@ -805,7 +781,7 @@ def _check_power_levels(
     if not isinstance(users, Mapping):
         raise AuthError("power levels users must be an object")
     for user_id, value in users.items():
-        if not is_valid_user_id(user_id):
+        if not is_user_id(user_id):
             raise AuthError(f"power levels users key {user_id!r} is not a valid user ID")
         if not _is_int(value):
             raise AuthError(f"power levels users[{user_id}] must be an integer, not {value!r}")

@@ -30,7 +30,6 @@ as canonical JSON (which becomes ``Event.raw``) and computes the event ID.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,6 +52,13 @@ from roomstream.events.model import Event
 from roomstream.events.redaction import redact
 from roomstream.events.room_versions import RoomVersion
 from roomstream.events.signing import SigningKey, sign_event
+from roomstream.grammar import (
+    MAX_ID_BYTES,
+    is_event_id,
+    is_pdu_sender,
+    is_room_id_for_version,
+    utf8_length,
+)
 
 #: The spec's limit on a whole PDU, measured as canonical JSON including signatures.
 MAX_PDU_SIZE = 65536
@@ -61,10 +67,7 @@ MAX_PDU_SIZE = 65536
 #: than 15x their own size in whitespace or escapes, while bounding the work per PDU.
 MAX_RAW_PDU_BYTES = 16 * MAX_PDU_SIZE
 #: Limit on ``type``, ``sender``, ``room_id``, ``state_key`` and IDs, in UTF-8 bytes.
-MAX_KEY_BYTES = 255
-
-_SERVER_NAME_RE = re.compile(r"(?:\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.\-]{1,255})(?::[0-9]{1,5})?")
-_HASH_ID_BODY_RE = re.compile(r"[A-Za-z0-9_\-]{43}")
+MAX_KEY_BYTES = MAX_ID_BYTES
 
 
 class ContentHashMismatchError(MalformedEventError):
@@ -84,47 +87,9 @@ def _bad(message: str) -> BadEventError:
     return MalformedEventError(message)
 
 
-def _byte_len(s: str) -> int:
-    # A character is at most 4 UTF-8 bytes, so short strings need no encoding.
-    return len(s) * 4 if len(s) * 4 <= MAX_KEY_BYTES else len(s.encode("utf-8"))
-
-
 def _check_length(name: str, value: str) -> None:
-    if _byte_len(value) > MAX_KEY_BYTES:
+    if utf8_length(value) > MAX_KEY_BYTES:
         raise EventTooLargeError(f"'{name}' is longer than {MAX_KEY_BYTES} bytes")
-
-
-def is_valid_server_name(server_name: str) -> bool:
-    """Server name grammar from the appendices: hostname (DNS name, IPv4, [IPv6]) [":" port]."""
-    return _SERVER_NAME_RE.fullmatch(server_name) is not None
-
-
-def is_valid_user_id(user_id: str) -> bool:
-    """``@localpart:server_name`` accepting historical localparts, as servers must.
-
-    The localpart may be any Unicode except ``:`` and NUL (even empty); only the server
-    name is held to its grammar. At most 255 bytes.
-    """
-    if not user_id.startswith("@") or _byte_len(user_id) > MAX_KEY_BYTES:
-        return False
-    localpart, sep, server_name = user_id[1:].partition(":")
-    return bool(sep) and "\0" not in localpart and is_valid_server_name(server_name)
-
-
-def is_valid_room_id(room_id: str, room_version: RoomVersion) -> bool:
-    """``!opaque:server_name`` before v12; ``!`` + 43 URL-safe base64 characters in v12."""
-    if not room_id.startswith("!") or _byte_len(room_id) > MAX_KEY_BYTES:
-        return False
-    if room_version.room_id_from_create_event:
-        return _HASH_ID_BODY_RE.fullmatch(room_id, 1) is not None
-    opaque, sep, server_name = room_id[1:].partition(":")
-    return bool(sep) and "\0" not in opaque and is_valid_server_name(server_name)
-
-
-def _is_event_id(value: object) -> bool:
-    # Lenient on purpose: an unknown reference is dealt with when it is fetched, and
-    # refusing the whole event here would be a stricter rule than other servers apply.
-    return isinstance(value, str) and value.startswith("$") and _byte_len(value) <= MAX_KEY_BYTES
 
 
 def _check_event_id_list(data: Mapping[str, Any], key: str) -> None:
@@ -132,7 +97,7 @@ def _check_event_id_list(data: Mapping[str, Any], key: str) -> None:
     if type(value) is not list:
         raise _bad(f"'{key}' must be an array of event IDs")
     for item in value:
-        if not _is_event_id(item):
+        if not is_event_id(item):
             raise _bad(f"'{key}' must contain only event IDs, found {str(item)[:80]!r}")
 
 
@@ -159,7 +124,7 @@ def validate_pdu_fields(
     if type(sender) is not str:
         raise _bad("'sender' must be a string")
     _check_length("sender", sender)
-    if not is_valid_user_id(sender):
+    if not is_pdu_sender(sender):
         raise _bad(f"'sender' is not a valid user ID: {sender[:80]!r}")
 
     is_v12_create = room_version.room_id_from_create_event and event_type == "m.room.create"
@@ -176,7 +141,9 @@ def validate_pdu_fields(
         if type(room_id) is not str:
             raise _bad("'room_id' must be a string")
         _check_length("room_id", room_id)
-        if not is_valid_room_id(room_id, room_version):
+        if not is_room_id_for_version(
+            room_id, from_create_event=room_version.room_id_from_create_event
+        ):
             raise _bad(f"'room_id' is not a valid room ID for this room version: {room_id[:80]!r}")
 
     if "state_key" in data:
@@ -221,9 +188,9 @@ def validate_pdu_fields(
     if event_type == "m.room.redaction":
         # v11 moved 'redacts' into content (MSC2174); a top-level one is then meaningless.
         if room_version.updated_redaction_rules:
-            if not _is_event_id(content.get("redacts")):
+            if not is_event_id(content.get("redacts")):
                 raise _bad("redaction events must have an event ID in 'content.redacts'")
-        elif not _is_event_id(data.get("redacts")):
+        elif not is_event_id(data.get("redacts")):
             raise _bad("redaction events must have an event ID in top-level 'redacts'")
 
 

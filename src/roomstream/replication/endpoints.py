@@ -33,6 +33,7 @@ from functools import cached_property
 from typing import Annotated, Any, Generic, TypeVar, cast
 
 from roomstream.errors import BadJsonError, InvalidParamError, MatrixError, MissingParamError
+from roomstream.grammar import is_opaque_id
 
 __all__ = [
     "ACCOUNT_DATA",
@@ -56,16 +57,9 @@ __all__ = [
     "SendCall",
     "ToDeviceCall",
     "TypingCall",
-    "is_identifier",
     "read_field",
     "read_identifier",
 ]
-
-
-def is_identifier(value: str) -> bool:
-    """An ID or event type we can store: 1..255 characters, none of them a control
-    character (NUL, for one, is refused by PostgreSQL text columns)."""
-    return 0 < len(value) <= 255 and value.isprintable()
 
 
 T = TypeVar("T")
@@ -86,10 +80,10 @@ def read_field(body: dict[str, Any], name: str, kind: type[T], *, optional: bool
 def read_identifier(
     body: dict[str, Any], name: str, *, sigil: str = "", optional: bool = False
 ) -> str:
-    """A string field that is an ID or type (:func:`is_identifier`), starting with
-    ``sigil``."""
+    """A string field that is an ID or type (:func:`~roomstream.grammar.is_opaque_id`),
+    starting with ``sigil``."""
     value = read_field(body, name, str, optional=optional)
-    if value is not None and (not is_identifier(value) or not value.startswith(sigil)):
+    if value is not None and (not is_opaque_id(value) or not value.startswith(sigil)):
         raise InvalidParamError(f"{name} is not a valid ID: {value[:300]!r}")
     return value
 
@@ -283,10 +277,10 @@ class ToDeviceCall:
 
     def __post_init__(self) -> None:
         for user_id, by_device in self.messages.items():
-            if not is_identifier(user_id) or not isinstance(by_device, dict):
+            if not is_opaque_id(user_id) or not isinstance(by_device, dict):
                 raise _bad_messages()
             for device_id, content in by_device.items():
-                if not is_identifier(device_id) or not isinstance(content, dict):
+                if not is_opaque_id(device_id) or not isinstance(content, dict):
                     raise _bad_messages()
         if self.txn_id is not None and self.sender_device is None:
             raise MissingParamError("sender_device is required")

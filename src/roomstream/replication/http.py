@@ -70,6 +70,7 @@ from roomstream.errors import (
     UnrecognizedRequestError,
     WrongWriterError,
 )
+from roomstream.grammar import is_opaque_id, is_room_id_to_look_up, is_user_id
 from roomstream.httpbase import (
     bearer_auth_middleware,
     error_response,
@@ -86,7 +87,6 @@ from roomstream.replication.endpoints import (
     CLIENT_WRITES,
     BoundEndpoint,
     InternalEndpoint,
-    is_identifier,
     read_identifier,
 )
 from roomstream.replication.secret import effective_shared_secret
@@ -243,14 +243,14 @@ class InternalHttpServer(HttpListener):
 
     async def _send(self, request: web.Request) -> web.Response:
         room_id = request.match_info["room_id"]
-        if not room_id.startswith("!") or not is_identifier(room_id):
+        if not is_room_id_to_look_up(room_id) or not is_opaque_id(room_id):
             raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
         body = await read_json(request)
         sender, event_type = body.get("sender"), body.get("type")
         content, state_key = body.get("content", {}), body.get("state_key")
         if not isinstance(sender, str) or not isinstance(event_type, str):
             raise MissingParamError("sender and type (strings) are required")
-        if not is_identifier(sender) or not is_identifier(event_type):
+        if not is_user_id(sender) or not is_opaque_id(event_type):
             raise InvalidParamError("sender and type must be printable IDs")
         if not isinstance(content, dict):
             raise BadJsonError("content must be an object")
