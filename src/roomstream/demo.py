@@ -13,6 +13,7 @@ from rich.console import Console
 
 from roomstream.config import Config, ConfigError
 from roomstream.errors import ServiceUnavailableError
+from roomstream.events.types import EventTypes
 from roomstream.homeserver import open_room_engine, run_instance
 from roomstream.replication.http import InternalHttpClient
 from roomstream.rooms.creation import RoomPreset
@@ -37,7 +38,7 @@ async def run_demo(config: Config, console: Console) -> int:
         )
         for body in ("hello", "this is roomstream"):
             await engine.creator.create_event(
-                room_id, alice, "m.room.message", {"msgtype": "m.text", "body": body}
+                room_id, alice, EventTypes.MESSAGE, {"msgtype": "m.text", "body": body}
             )
         after = events.get_position(config.instance_name)
         updates, _, _ = await engine.streams.get_updates(
@@ -97,7 +98,7 @@ async def run_with_demo_traffic(config: Config, console: Console) -> int:
         while not instance.done():
             count += 1
             await client.send_event(
-                room_id, alice, "m.room.message", {"msgtype": "m.text", "body": f"tick {count}"}
+                room_id, alice, EventTypes.MESSAGE, {"msgtype": "m.text", "body": f"tick {count}"}
             )
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(instance), 2.0)

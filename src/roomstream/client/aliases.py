@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any
 
 from roomstream.client.store import ClientStore
 from roomstream.errors import BadAliasError, InvalidParamError
@@ -24,12 +24,11 @@ from roomstream.events.auth import (
     get_send_level,
     get_user_power_level,
 )
+from roomstream.events.types import EventTypes
 from roomstream.grammar import is_room_alias
 from roomstream.rooms.store import EventStore
 
-__all__ = ["CANONICAL_ALIAS", "AliasRules", "canonical_aliases"]
-
-CANONICAL_ALIAS: Final = "m.room.canonical_alias"
+__all__ = ["AliasRules", "canonical_aliases"]
 
 
 def _invalid(message: str) -> InvalidParamError:
@@ -104,5 +103,5 @@ class AliasRules:
             event = None if event_id is None else await self.events.get_event(event_id)
             if event is not None:
                 auth_events[key] = event
-        required = get_send_level(CANONICAL_ALIAS, "", auth_events.get(POWER_LEVELS_KEY))
+        required = get_send_level(EventTypes.CANONICAL_ALIAS, "", auth_events.get(POWER_LEVELS_KEY))
         return get_user_power_level(user_id, auth_events) >= required

@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from roomstream.errors import InvalidParamError
+from roomstream.events.types import EventTypes
 from roomstream.storage import Database, Transaction
 
 __all__ = [
@@ -45,15 +46,14 @@ __all__ = [
     "search_users_txn",
 ]
 
-MEMBER = "m.room.member"
 #: State read for a public room's entry: (type, the content key the entry shows).
 ROOM_FIELDS = {
-    "m.room.name": "name",
-    "m.room.topic": "topic",
-    "m.room.canonical_alias": "alias",
-    "m.room.avatar": "url",
-    "m.room.history_visibility": "history_visibility",
-    "m.room.guest_access": "guest_access",
+    EventTypes.NAME: "name",
+    EventTypes.TOPIC: "topic",
+    EventTypes.CANONICAL_ALIAS: "alias",
+    EventTypes.AVATAR: "url",
+    EventTypes.HISTORY_VISIBILITY: "history_visibility",
+    EventTypes.GUEST_ACCESS: "guest_access",
 }
 MAX_SEARCH_LIMIT = 1000
 MAX_ROOMS_LIMIT = 1000
@@ -224,7 +224,7 @@ def _avatars_txn(txn: Transaction, users: Sequence[str]) -> dict[str, str]:
         "SELECT state_key, event_id FROM view_room_state WHERE type = ?"
         f" AND state_key IN ({marks}) AND membership = 'join'"
         " ORDER BY state_key, stream_id DESC, room_id",
-        (MEMBER, *users),
+        (EventTypes.MEMBER, *users),
     ):
         latest.setdefault(str(user_id), str(event_id))
     contents = _contents_txn(txn, list(latest.values()))

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from roomstream.events.types import EventTypes
 from roomstream.streams.rows import AccountDataRow
 
 __all__ = [
@@ -100,7 +101,7 @@ def ignored_invite(
     if not ignored:
         return False
     return any(
-        e.get("type") == "m.room.member"
+        e.get("type") == EventTypes.MEMBER
         and e.get("state_key") == user_id
         and e.get("sender") in ignored
         for e in invite_state

@@ -26,6 +26,7 @@ from roomstream.client.notifier import Notifier
 from roomstream.client.store import ClientStore
 from roomstream.client.userdata import UserData
 from roomstream.errors import ForbiddenError, MatrixError
+from roomstream.events.types import EventTypes
 from roomstream.reading import (
     MAX_LIMIT,
     ClientEvent,
@@ -76,7 +77,7 @@ class LegacyReads:
         if await self.event_store.get_membership(room_id, requester.user_id) == "join":
             return
         entry = await self.event_store.get_current_state_entry(
-            room_id, ("m.room.history_visibility", "")
+            room_id, (EventTypes.HISTORY_VISIBILITY, "")
         )
         event = None if entry is None else await self.event_store.get_event(entry)
         content = {} if event is None else event.data.get("content") or {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from roomstream.events.types import EventTypes
+
 __all__ = ["default_push_rules"]
 
 _NOTIFY = ["notify"]
@@ -36,12 +38,12 @@ def default_push_rules(user_id: str) -> dict[str, Any]:
             ".m.rule.invite_for_me",
             [*_NOTIFY, _SOUND],
             [
-                _event_match("type", "m.room.member"),
+                _event_match("type", EventTypes.MEMBER),
                 _event_match("content.membership", "invite"),
                 _event_match("state_key", user_id),
             ],
         ),
-        _rule(".m.rule.member_event", [], [_event_match("type", "m.room.member")]),
+        _rule(".m.rule.member_event", [], [_event_match("type", EventTypes.MEMBER)]),
         _rule(
             ".m.rule.is_user_mention",
             [*_NOTIFY, _SOUND, _HIGHLIGHT],
@@ -77,13 +79,13 @@ def default_push_rules(user_id: str) -> dict[str, Any]:
         _rule(
             ".m.rule.tombstone",
             [*_NOTIFY, _HIGHLIGHT],
-            [_event_match("type", "m.room.tombstone"), _event_match("state_key", "")],
+            [_event_match("type", EventTypes.TOMBSTONE), _event_match("state_key", "")],
         ),
         _rule(".m.rule.reaction", [], [_event_match("type", "m.reaction")]),
         _rule(
             ".m.rule.room.server_acl",
             [],
-            [_event_match("type", "m.room.server_acl"), _event_match("state_key", "")],
+            [_event_match("type", EventTypes.SERVER_ACL), _event_match("state_key", "")],
         ),
     ]
     content = [
@@ -106,11 +108,11 @@ def default_push_rules(user_id: str) -> dict[str, Any]:
             [*_NOTIFY, _SOUND],
             [
                 {"kind": "room_member_count", "is": "2"},
-                _event_match("type", "m.room.message"),
+                _event_match("type", EventTypes.MESSAGE),
             ],
         ),
-        _rule(".m.rule.message", _NOTIFY, [_event_match("type", "m.room.message")]),
-        _rule(".m.rule.encrypted", _NOTIFY, [_event_match("type", "m.room.encrypted")]),
+        _rule(".m.rule.message", _NOTIFY, [_event_match("type", EventTypes.MESSAGE)]),
+        _rule(".m.rule.encrypted", _NOTIFY, [_event_match("type", EventTypes.ENCRYPTED)]),
     ]
     return {
         "global": {

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from roomstream.accounts import Requester, parse_user_id
-from roomstream.client.aliases import CANONICAL_ALIAS, AliasRules, canonical_aliases
+from roomstream.client.aliases import AliasRules, canonical_aliases
 from roomstream.client.request import optional
 from roomstream.client.store import ClientStore
 from roomstream.client.writes import RoomWriter
@@ -34,6 +34,7 @@ from roomstream.errors import (
     RoomInUseError,
 )
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, room_version
+from roomstream.events.types import EventTypes
 from roomstream.grammar import is_room_alias, is_room_id_to_look_up
 from roomstream.reading import RoomReader, client_event
 from roomstream.rooms.creation import RoomPreset
@@ -199,7 +200,9 @@ class RoomService:
             return current
         if membership in ("leave", "ban"):
             try:
-                return await self.events.get_state_at(current[("m.room.member", requester.user_id)])
+                return await self.events.get_state_at(
+                    current[(EventTypes.MEMBER, requester.user_id)]
+                )
             except LookupError:  # an outlier membership (no state stored): nothing to serve
                 pass
         elif await self._world_readable(current):
@@ -208,7 +211,7 @@ class RoomService:
 
     async def _world_readable(self, current: StateMap) -> bool:
         """Whether the room's current history visibility is ``world_readable``."""
-        event_id = current.get(("m.room.history_visibility", ""))
+        event_id = current.get((EventTypes.HISTORY_VISIBILITY, ""))
         event = None if event_id is None else await self.events.get_event(event_id)
         content = {} if event is None else event.data.get("content") or {}
         return content.get("history_visibility") == "world_readable"
@@ -261,7 +264,7 @@ class RoomService:
         # Before the room exists: the only alias that can point to it is the one made
         # with it (room_alias_name).
         for state in request.initial_state:
-            if state.type == CANONICAL_ALIAS and state.state_key == "":
+            if state.type == EventTypes.CANONICAL_ALIAS and state.state_key == "":
                 for named in canonical_aliases(state.content):
                     if named != alias:
                         raise BadAliasError(f"room alias {named} does not point to the room")
@@ -281,7 +284,7 @@ class RoomService:
                 users.setdefault(invitee, 100)
             levels_override["users"] = users
         if levels_override:
-            current = await self.current_state_content(room_id, "m.room.power_levels", "")
+            current = await self.current_state_content(room_id, EventTypes.POWER_LEVELS, "")
             levels = dict(current[1]) if current else {}
             if "users" in levels_override:
                 levels_override["users"] = {
@@ -289,26 +292,26 @@ class RoomService:
                     **levels_override["users"],
                 }
             levels.update(levels_override)
-            await send(room_id, sender, "m.room.power_levels", levels, state_key="")
+            await send(room_id, sender, EventTypes.POWER_LEVELS, levels, state_key="")
         if alias is not None:
             if not await self.store.create_alias(alias, room_id, sender):
                 raise RoomInUseError(f"room alias {alias} already taken")
-            await send(room_id, sender, "m.room.canonical_alias", {"alias": alias}, state_key="")
+            await send(room_id, sender, EventTypes.CANONICAL_ALIAS, {"alias": alias}, state_key="")
         if not public:
             await send(
-                room_id, sender, "m.room.guest_access", {"guest_access": "can_join"}, state_key=""
+                room_id, sender, EventTypes.GUEST_ACCESS, {"guest_access": "can_join"}, state_key=""
             )
         for state in request.initial_state:
             await send(room_id, sender, state.type, state.content, state_key=state.state_key)
         if request.name is not None:
-            await send(room_id, sender, "m.room.name", {"name": request.name}, state_key="")
+            await send(room_id, sender, EventTypes.NAME, {"name": request.name}, state_key="")
         if request.topic is not None:
-            await send(room_id, sender, "m.room.topic", {"topic": request.topic}, state_key="")
+            await send(room_id, sender, EventTypes.TOPIC, {"topic": request.topic}, state_key="")
         for invitee in request.invite:
             content: dict[str, Any] = {"membership": "invite"}
             if request.is_direct:
                 content["is_direct"] = True
-            await send(room_id, sender, "m.room.member", content, state_key=invitee)
+            await send(room_id, sender, EventTypes.MEMBER, content, state_key=invitee)
         if request.visibility == "public":
             await self.store.set_room_public(room_id, True)
         return room_id
@@ -346,7 +349,7 @@ class RoomService:
         await self.writer.send(
             room_id,
             requester.user_id,
-            "m.room.member",
+            EventTypes.MEMBER,
             event_content,
             state_key=requester.user_id,
         )
@@ -365,7 +368,7 @@ class RoomService:
         if reason is not None:
             content["reason"] = reason
         await self.writer.send(
-            room_id, requester.user_id, "m.room.member", content, state_key=requester.user_id
+            room_id, requester.user_id, EventTypes.MEMBER, content, state_key=requester.user_id
         )
         return room_id
 
@@ -375,7 +378,7 @@ class RoomService:
         await self.writer.send(
             room_id,
             requester.user_id,
-            "m.room.member",
+            EventTypes.MEMBER,
             {"membership": "leave"},
             state_key=requester.user_id,
         )
@@ -398,7 +401,7 @@ class RoomService:
         if reason is not None:
             content["reason"] = reason
         await self.writer.send(
-            room_id, requester.user_id, "m.room.member", content, state_key=target
+            room_id, requester.user_id, EventTypes.MEMBER, content, state_key=target
         )
 
     async def forget(self, requester: Requester, room_id: str) -> None:
@@ -429,7 +432,7 @@ class RoomService:
     ) -> str:
         content: dict[str, Any] = {} if reason is None else {"reason": reason}
         return await self.send_once(
-            requester, room_id, txn_id, "m.room.redaction", content, event_id
+            requester, room_id, txn_id, EventTypes.REDACTION, content, event_id
         )
 
     async def send_once(
@@ -528,10 +531,10 @@ class RoomService:
         current = await self.current_state_content(room_id, event_type, state_key)
         if current is not None and current[1] == content and current[2] == requester.user_id:
             return current[0]
-        if event_type == CANONICAL_ALIAS and state_key == "":
+        if event_type == EventTypes.CANONICAL_ALIAS and state_key == "":
             previous = None if current is None else current[1]
             await self.alias_rules.check_canonical_alias(room_id, content, previous)
-        if event_type != "m.room.member":
+        if event_type != EventTypes.MEMBER:
             await self.require_joined(requester, room_id)
         return await self.writer.send(
             room_id, requester.user_id, event_type, content, state_key=state_key
@@ -585,7 +588,7 @@ class RoomService:
     async def joined_members(self, requester: Requester, room_id: str) -> dict[str, dict[str, Any]]:
         await self.require_joined(requester, room_id)
         state = await self.events.get_current_state(room_id)
-        member_ids = [eid for (t, _), eid in state.items() if t == "m.room.member"]
+        member_ids = [eid for (t, _), eid in state.items() if t == EventTypes.MEMBER]
         events = await self.events.get_events(member_ids)
         joined: dict[str, dict[str, Any]] = {}
         for event in events.values():

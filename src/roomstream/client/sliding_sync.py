@@ -30,6 +30,7 @@ from roomstream.client.request import json_response, read_json
 from roomstream.client.server import Route, authenticate
 from roomstream.client.typing import TypingState
 from roomstream.client.userdata import UserData
+from roomstream.events.types import EventTypes
 from roomstream.reading import (
     EventsToken,
     RoomPosition,
@@ -558,9 +559,9 @@ class SlidingSyncHandler:
             picks[room_id] = self._required(plan, rows)
             load.update(picks[room_id].values())
             for r in rows:
-                if r.event_type in ("m.room.name", "m.room.avatar") and r.state_key == "":
+                if r.event_type in (EventTypes.NAME, EventTypes.AVATAR) and r.state_key == "":
                     load.add(r.event_id)
-                    if r.event_type == "m.room.name":
+                    if r.event_type == EventTypes.NAME:
                         names[room_id] = r.event_id
         events = await self.reader.store.get_events(load) if load else {}
         # Heroes name the rooms without a name (no name event, or an empty one).
@@ -593,8 +594,8 @@ class SlidingSyncHandler:
             elif entry.membership == "join":
                 rows = states.get(room_id, [])
                 by_key = {(r.event_type, r.state_key): r for r in rows}
-                name_row = by_key.get(("m.room.name", ""))
-                avatar_row = by_key.get(("m.room.avatar", ""))
+                name_row = by_key.get((EventTypes.NAME, ""))
+                avatar_row = by_key.get((EventTypes.AVATAR, ""))
                 fields["name"] = _content_str(events, name_row, "name")
                 fields["avatar"] = _content_str(events, avatar_row, "url")
                 fields["joined_count"] = sum(1 for r in rows if r.membership == "join")
@@ -667,10 +668,10 @@ class SlidingSyncHandler:
             users.update(
                 str(e["state_key"])
                 for e in plan.timeline.events
-                if e.get("type") == "m.room.member" and "state_key" in e
+                if e.get("type") == EventTypes.MEMBER and "state_key" in e
             )
             for r in rows:
-                if r.event_type == "m.room.member" and r.state_key in users:
+                if r.event_type == EventTypes.MEMBER and r.state_key in users:
                     picked[(r.event_type, r.state_key)] = r.event_id
         return picked
 
@@ -793,7 +794,7 @@ def _heroes(rows: Iterable[StateRow], user_id: str) -> list[StateRow]:
     members = [
         r
         for r in rows
-        if r.event_type == "m.room.member" and r.state_key != user_id and r.membership in rank
+        if r.event_type == EventTypes.MEMBER and r.state_key != user_id and r.membership in rank
     ]
     members.sort(key=lambda r: (rank[r.membership or "leave"], r.stream))
     return members[:MAX_HEROES]

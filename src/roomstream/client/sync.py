@@ -35,6 +35,7 @@ from roomstream.client.userdata import UserData
 from roomstream.e2e import E2eKeys
 from roomstream.errors import InvalidParamError
 from roomstream.events.redaction import redact
+from roomstream.events.types import EventTypes
 from roomstream.reading import EventsToken, RoomReader
 
 __all__ = ["SyncHandler", "SyncToken"]
@@ -172,7 +173,7 @@ class SyncHandler:
             sent = entry.members.setdefault(room_id, {})
             kept = []
             for event in room["state"]["events"]:
-                if event.get("type") == "m.room.member":
+                if event.get("type") == EventTypes.MEMBER:
                     member = event.get("state_key")
                     if sent.get(member) == event["event_id"]:
                         continue
@@ -181,7 +182,7 @@ class SyncHandler:
                 kept.append(event)
             room["state"]["events"] = kept
             for event in room["timeline"]["events"]:
-                if event.get("type") == "m.room.member" and "state_key" in event:
+                if event.get("type") == EventTypes.MEMBER and "state_key" in event:
                     entry.size += event["state_key"] not in sent
                     sent[event["state_key"]] = event["event_id"]
         for room_id in body["rooms"]["leave"]:

@@ -31,6 +31,7 @@ from typing import Any
 from roomstream.client.filtering import parse_field_path
 from roomstream.client.pushrules import default_push_rules
 from roomstream.errors import MatrixError
+from roomstream.events.types import EventTypes
 from roomstream.glob import Glob, compile_glob
 from roomstream.reading import RoomReader
 from roomstream.rooms.store import load_events_txn
@@ -355,8 +356,8 @@ def _context_txn(txn: Transaction, room_id: str, user_id: str) -> PushContext:
         )
     }
     loaded = load_events_txn(txn, list(ids.values()))
-    member = loaded.get(ids.get("m.room.member", ""))
-    levels = loaded.get(ids.get("m.room.power_levels", ""))
+    member = loaded.get(ids.get(EventTypes.MEMBER, ""))
+    levels = loaded.get(ids.get(EventTypes.POWER_LEVELS, ""))
     name = None if member is None else member.content.get("displayname")
     return PushContext(
         user_id,

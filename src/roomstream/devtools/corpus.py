@@ -61,6 +61,7 @@ from roomstream.events.format import (
 from roomstream.events.hashing import encode_base64
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
+from roomstream.events.types import EventTypes
 
 __all__ = [
     "CorpusSpec",
@@ -299,7 +300,7 @@ class _RoomBuilder:
         model.depth = event.depth
         if event.is_state():
             model.state[event.state_tuple] = event
-            if event.type == "m.room.member" and event.state_key is not None:
+            if event.type == EventTypes.MEMBER and event.state_key is not None:
                 model.set_membership(event.state_key, str(event.content["membership"]))
 
     def _send(
@@ -321,18 +322,18 @@ class _RoomBuilder:
     # -- the room's levels -----------------------------------------------------------
 
     def _levels(self, model: _Model) -> dict[str, Any]:
-        return dict(model.state[("m.room.power_levels", "")].content)
+        return dict(model.state[(EventTypes.POWER_LEVELS, "")].content)
 
     def _level(self, model: _Model, user: str) -> float:
         if self.version.privileged_creators and user == self.creator:
             return float("inf")
-        levels = model.state[("m.room.power_levels", "")].content
+        levels = model.state[(EventTypes.POWER_LEVELS, "")].content
         users = levels.get("users", {})
         return float(users.get(user, levels.get("users_default", 0)))
 
     def _moderators(self, model: _Model) -> list[str]:
         # users_default is 0, so only the creator and listed users can reach 50.
-        users = model.state[("m.room.power_levels", "")].content.get("users", {})
+        users = model.state[(EventTypes.POWER_LEVELS, "")].content.get("users", {})
         listed = sorted(u for u, level in users.items() if level >= 50)
         candidates = [self.creator, *(u for u in listed if u != self.creator)]
         return [u for u in candidates if model.members.get(u) == "join"]
@@ -395,16 +396,18 @@ class _RoomBuilder:
             server = self.creator.rpartition(":")[2]
             self.room_id = f"!r{self.rng.getrandbits(64):016x}:{server}"
         create = self._event(
-            self.model, "m.room.create", self.creator, content, state_key="", prevs=[], depth=1
+            self.model, EventTypes.CREATE, self.creator, content, state_key="", prevs=[], depth=1
         )
         self.room_id = room_id_for_create_event(create)
         self._accept(self.model, create)
         m = self.model
-        self._send(m, "m.room.member", self.creator, {"membership": "join"}, state_key=self.creator)
+        self._send(
+            m, EventTypes.MEMBER, self.creator, {"membership": "join"}, state_key=self.creator
+        )
         users = {} if v.privileged_creators else {self.creator: 100}
         self._send(
             m,
-            "m.room.power_levels",
+            EventTypes.POWER_LEVELS,
             self.creator,
             {
                 "users": users,
@@ -420,25 +423,25 @@ class _RoomBuilder:
             state_key="",
         )
         rule = "invite" if self.rng.random() < self.spec.invite_only_rate else "public"
-        self._send(m, "m.room.join_rules", self.creator, {"join_rule": rule}, state_key="")
+        self._send(m, EventTypes.JOIN_RULES, self.creator, {"join_rule": rule}, state_key="")
         self._send(
             m,
-            "m.room.history_visibility",
+            EventTypes.HISTORY_VISIBILITY,
             self.creator,
             {"history_visibility": "shared"},
             state_key="",
         )
         self._send(
-            m, "m.room.name", self.creator, {"name": f"room {self.summary.index}"}, state_key=""
+            m, EventTypes.NAME, self.creator, {"name": f"room {self.summary.index}"}, state_key=""
         )
 
     def _public(self, model: _Model) -> bool:
-        return model.state[("m.room.join_rules", "")].content.get("join_rule") == "public"
+        return model.state[(EventTypes.JOIN_RULES, "")].content.get("join_rule") == "public"
 
     def _message(self, model: _Model | None = None) -> None:
         model = model or self.model
         sender = self.rng.choice(model.joined())
-        event = self._send(model, "m.room.message", sender, self._body())
+        event = self._send(model, EventTypes.MESSAGE, sender, self._body())
         self.messages.append(event)
 
     def _join(self, model: _Model | None = None) -> None:
@@ -455,20 +458,20 @@ class _RoomBuilder:
         else:
             self._invite(model)
             return
-        self._send(model, "m.room.member", user, {"membership": "join"}, state_key=user)
+        self._send(model, EventTypes.MEMBER, user, {"membership": "join"}, state_key=user)
 
     def _invite(self, model: _Model | None = None) -> None:
         model = model or self.model
         sender = self.rng.choice(model.joined())
         target = self._fresh_user(model)
-        self._send(model, "m.room.member", sender, {"membership": "invite"}, state_key=target)
+        self._send(model, EventTypes.MEMBER, sender, {"membership": "invite"}, state_key=target)
 
     def _leave(self) -> None:
         members = [u for u in self.model.joined() if u != self.creator]
         if not members:
             return self._join()
         user = self.rng.choice(members)
-        self._send(self.model, "m.room.member", user, {"membership": "leave"}, state_key=user)
+        self._send(self.model, EventTypes.MEMBER, user, {"membership": "leave"}, state_key=user)
 
     def _kick(self) -> None:
         mods = self._moderators(self.model)
@@ -477,7 +480,7 @@ class _RoomBuilder:
         if not mods or not targets:
             return self._message()
         sender, target = self.rng.choice(mods), self.rng.choice(targets)
-        self._send(self.model, "m.room.member", sender, {"membership": "leave"}, state_key=target)
+        self._send(self.model, EventTypes.MEMBER, sender, {"membership": "leave"}, state_key=target)
 
     def _ban(self) -> None:
         mods = self._moderators(self.model)
@@ -489,7 +492,7 @@ class _RoomBuilder:
         if not mods or not targets:
             return self._message()
         sender, target = self.rng.choice(mods), self.rng.choice(sorted(targets))
-        self._send(self.model, "m.room.member", sender, {"membership": "ban"}, state_key=target)
+        self._send(self.model, EventTypes.MEMBER, sender, {"membership": "ban"}, state_key=target)
 
     def _unban(self) -> None:
         banned = self.model.with_membership("ban")
@@ -497,7 +500,7 @@ class _RoomBuilder:
         if not banned or not mods:
             return self._ban()
         sender, target = self.rng.choice(mods), self.rng.choice(banned)
-        self._send(self.model, "m.room.member", sender, {"membership": "leave"}, state_key=target)
+        self._send(self.model, EventTypes.MEMBER, sender, {"membership": "leave"}, state_key=target)
 
     def _topic_or_name(self, model: _Model | None = None) -> None:
         model = model or self.model
@@ -507,9 +510,9 @@ class _RoomBuilder:
         sender = self.rng.choice(mods)
         words = " ".join(self.rng.choices(_WORDS, k=4))
         if self.rng.random() < 0.6:
-            self._send(model, "m.room.topic", sender, {"topic": words}, state_key="")
+            self._send(model, EventTypes.TOPIC, sender, {"topic": words}, state_key="")
         else:
-            self._send(model, "m.room.name", sender, {"name": words}, state_key="")
+            self._send(model, EventTypes.NAME, sender, {"name": words}, state_key="")
 
     def _power_change(self) -> None:
         m = self.model
@@ -524,10 +527,10 @@ class _RoomBuilder:
             del users[self.rng.choice(sorted(promoted))]
         else:
             events = dict(levels.get("events", {}))
-            events["m.room.topic"] = self.rng.choice((0, 50))
+            events[EventTypes.TOPIC] = self.rng.choice((0, 50))
             levels["events"] = events
         levels["users"] = users
-        self._send(m, "m.room.power_levels", self.creator, levels, state_key="")
+        self._send(m, EventTypes.POWER_LEVELS, self.creator, levels, state_key="")
 
     def _redaction(self) -> None:
         if not self.messages:
@@ -546,7 +549,7 @@ class _RoomBuilder:
         else:
             return self._message()
         content: dict[str, Any] = {"reason": "spam"} if self.rng.random() < 0.5 else {}
-        self._send(self.model, "m.room.redaction", sender, content, redacts=target.event_id)
+        self._send(self.model, EventTypes.REDACTION, sender, content, redacts=target.event_id)
 
     # -- rejections: leaves the auth rules refuse ------------------------------------
 
@@ -557,29 +560,29 @@ class _RoomBuilder:
         banned = m.with_membership("ban")
         if kind == "unprivileged" and plain:
             sender = self.rng.choice(plain)
-            topic_level = self._levels(m).get("events", {}).get("m.room.topic", 50)
+            topic_level = self._levels(m).get("events", {}).get(EventTypes.TOPIC, 50)
             if topic_level > 0 and self.rng.random() < 0.5:
-                event = self._event(m, "m.room.topic", sender, {"topic": "hijack"}, state_key="")
+                event = self._event(m, EventTypes.TOPIC, sender, {"topic": "hijack"}, state_key="")
             else:
                 levels = self._levels(m)
                 levels["users"] = {**levels.get("users", {}), sender: 100}
-                event = self._event(m, "m.room.power_levels", sender, levels, state_key="")
+                event = self._event(m, EventTypes.POWER_LEVELS, sender, levels, state_key="")
         elif kind == "kick" and len(plain) >= 2:
             sender, target = self.rng.sample(plain, 2)
             event = self._event(
-                m, "m.room.member", sender, {"membership": "leave"}, state_key=target
+                m, EventTypes.MEMBER, sender, {"membership": "leave"}, state_key=target
             )
         elif kind == "banned" and banned:
-            event = self._event(m, "m.room.message", self.rng.choice(banned), self._body())
+            event = self._event(m, EventTypes.MESSAGE, self.rng.choice(banned), self._body())
         elif kind == "bad_auth" and self.messages:
             sender = self.rng.choice(m.joined())
-            keys = auth_types_for_event(self.version, "m.room.message", None, sender, {})
+            keys = auth_types_for_event(self.version, EventTypes.MESSAGE, None, sender, {})
             auth_ids = [m.state[k].event_id for k in keys if k in m.state]
             auth_ids.append(self.rng.choice(self.messages[-50:]).event_id)
-            event = self._event(m, "m.room.message", sender, self._body(), auth_ids=auth_ids)
+            event = self._event(m, EventTypes.MESSAGE, sender, self._body(), auth_ids=auth_ids)
         else:
             outsider = self._fresh_user(m)
-            event = self._event(m, "m.room.message", outsider, self._body())
+            event = self._event(m, EventTypes.MESSAGE, outsider, self._body())
         self.summary.rejected.append(event.event_id)
 
     # -- forks -----------------------------------------------------------------------
@@ -601,7 +604,7 @@ class _RoomBuilder:
                 elif roll < 0.3 and self._public(branch):
                     user = self._fresh_user(branch)
                     self._send(
-                        branch, "m.room.member", user, {"membership": "join"}, state_key=user
+                        branch, EventTypes.MEMBER, user, {"membership": "join"}, state_key=user
                     )
                 else:
                     self._message(branch)
@@ -621,13 +624,13 @@ class _RoomBuilder:
         user = self.rng.choice(plain)
         mod = self.rng.choice(mods)
         banning = base.copy()
-        self._send(banning, "m.room.member", mod, {"membership": "ban"}, state_key=user)
+        self._send(banning, EventTypes.MEMBER, mod, {"membership": "ban"}, state_key=user)
         speaking = base.copy()
         others = [u for u in base.joined() if u != user]
         for _ in range(self.rng.randint(1, 3)):
-            event = self._send(speaking, "m.room.message", self.rng.choice(others), self._body())
+            event = self._send(speaking, EventTypes.MESSAGE, self.rng.choice(others), self._body())
             self.messages.append(event)
-        late = self._send(speaking, "m.room.message", user, self._body())
+        late = self._send(speaking, EventTypes.MESSAGE, user, self._body())
         self.summary.soft_failed.append(late.event_id)
         self._merge(base, [banning, speaking])
         return True
@@ -642,7 +645,7 @@ class _RoomBuilder:
             candidates = {b.state[key].event_id: b.state[key] for b in branches if key in b.state}
             winner = max(candidates.values(), key=lambda e: (e.origin_server_ts, e.event_id))
             merged.state[key] = winner
-            if key[0] == "m.room.member":
+            if key[0] == EventTypes.MEMBER:
                 merged.set_membership(key[1], str(winner.content["membership"]))
         merged.tip = sorted({t for b in branches for t in b.tip})
         merged.depth = max(b.depth for b in branches)

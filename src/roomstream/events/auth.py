@@ -25,15 +25,10 @@ from typing import Any, Final, TypeGuard
 from roomstream.errors import AuthError
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
+from roomstream.events.types import EventTypes
 from roomstream.grammar import is_user_id
 
 __all__ = [
-    "CREATE",
-    "JOIN_RULES",
-    "MEMBER",
-    "POWER_LEVELS",
-    "REDACTION",
-    "THIRD_PARTY_INVITE",
     "auth_types_for_event",
     "check_auth_events_list",
     "check_auth_rules",
@@ -45,16 +40,10 @@ __all__ = [
     "redaction_applies",
 ]
 
-CREATE: Final = "m.room.create"
-MEMBER: Final = "m.room.member"
-JOIN_RULES: Final = "m.room.join_rules"
-POWER_LEVELS: Final = "m.room.power_levels"
-THIRD_PARTY_INVITE: Final = "m.room.third_party_invite"
-REDACTION: Final = "m.room.redaction"
 
-CREATE_KEY: Final[StateKey] = (CREATE, "")
-POWER_LEVELS_KEY: Final[StateKey] = (POWER_LEVELS, "")
-JOIN_RULES_KEY: Final[StateKey] = (JOIN_RULES, "")
+CREATE_KEY: Final[StateKey] = (EventTypes.CREATE, "")
+POWER_LEVELS_KEY: Final[StateKey] = (EventTypes.POWER_LEVELS, "")
+JOIN_RULES_KEY: Final[StateKey] = (EventTypes.JOIN_RULES, "")
 
 JOIN: Final = "join"
 INVITE: Final = "invite"
@@ -222,7 +211,7 @@ def get_send_level(event_type: str, state_key: str | None, power_levels: Event |
 
 
 def _membership_of(user_id: str, auth_events: Mapping[StateKey, Event]) -> str | None:
-    member = auth_events.get((MEMBER, user_id))
+    member = auth_events.get((EventTypes.MEMBER, user_id))
     return member.membership if member is not None else None
 
 
@@ -263,7 +252,7 @@ def auth_types_for_event(
     invites carrying one) and the ``join_authorised_via_users_server`` user's
     membership (for joins carrying one). Empty for ``m.room.create`` itself.
     """
-    if event_type == CREATE:
+    if event_type == EventTypes.CREATE:
         return []
     keys: list[StateKey] = []
 
@@ -274,20 +263,20 @@ def auth_types_for_event(
     if not room_version.room_id_from_create_event:
         add(CREATE_KEY)
     add(POWER_LEVELS_KEY)
-    add((MEMBER, sender))
-    if event_type == MEMBER and state_key is not None:
+    add((EventTypes.MEMBER, sender))
+    if event_type == EventTypes.MEMBER and state_key is not None:
         membership = content.get("membership")
-        add((MEMBER, state_key))
+        add((EventTypes.MEMBER, state_key))
         if membership in (JOIN, INVITE, KNOCK):
             add(JOIN_RULES_KEY)
         if membership == INVITE:
             token = _third_party_invite_token(content)
             if token is not None:
-                add((THIRD_PARTY_INVITE, token))
+                add((EventTypes.THIRD_PARTY_INVITE, token))
         if membership == JOIN:
             authoriser = content.get(AUTHORISING_USER)
             if isinstance(authoriser, str):
-                add((MEMBER, authoriser))
+                add((EventTypes.MEMBER, authoriser))
     return keys
 
 
@@ -315,12 +304,12 @@ def check_auth_events_list(
     - v10/v11: the create event is among them;
     - v12: the create event is *not* listed; instead it is looked up by the ID derived
       from the room ID, must be known and not rejected, and is added to the returned map
-      under ``("m.room.create", "")`` so the map can go straight to
+      under ``(EventTypes.CREATE, "")`` so the map can go straight to
       :func:`check_auth_rules`.
 
     For an ``m.room.create`` event (which has no auth events) the result is empty.
     """
-    if event.type == CREATE:
+    if event.type == EventTypes.CREATE:
         return {}
     version = event.room_version
     room_id = event.room_id
@@ -356,7 +345,7 @@ def check_auth_events_list(
         create = auth_events_by_id.get(create_id)
         if create is None:
             raise AuthError(f"the create event {create_id} of room {room_id} is unknown")
-        if create.type != CREATE or create.state_key != "":
+        if create.type != EventTypes.CREATE or create.state_key != "":
             raise AuthError(f"room ID {room_id} does not name an m.room.create event")
         if create_id in rejected_event_ids:
             raise AuthError(f"the create event {create_id} of room {room_id} was rejected")
@@ -414,7 +403,7 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
     ``auth_events`` maps ``(type, state_key)`` to the events the rules consult: the
     event's own auth events (see :func:`check_auth_events_list`), or the room state
     before it, or the current state. Extra entries are ignored. The create event must be
-    present under ``("m.room.create", "")`` -- in v12 too, although v12 events do not
+    present under ``(EventTypes.CREATE, "")`` -- in v12 too, although v12 events do not
     list it. The auth events' own validity (not rejected, right keys) is the caller's
     responsibility; this function checks only that they belong to the event's room.
 
@@ -423,7 +412,7 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
     what level, which key) in its message.
     """
     version = event.room_version
-    if event.type == CREATE:
+    if event.type == EventTypes.CREATE:
         _check_create(event)
         return
 
@@ -458,7 +447,7 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
         )
 
     # Rule 4 (v12: 5).
-    if event.type == MEMBER:
+    if event.type == EventTypes.MEMBER:
         _check_membership(event, auth_events, create)
         return
 
@@ -473,7 +462,7 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
     sender_level = get_user_power_level(event.sender, auth_events)
 
     # Rule 6 (v12: 7): third-party invites need the invite level, nothing else.
-    if event.type == THIRD_PARTY_INVITE:
+    if event.type == EventTypes.THIRD_PARTY_INVITE:
         invite_level = get_named_level(auth_events, "invite")
         if sender_level < invite_level:
             raise AuthError(
@@ -500,7 +489,7 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
         )
 
     # Rule 9 (v12: 10).
-    if event.type == POWER_LEVELS:
+    if event.type == EventTypes.POWER_LEVELS:
         _check_power_levels(event, auth_events, create, sender_level)
 
     # Rule 10 (v12: 11): otherwise, allow. Redactions are allowed here like any event;
@@ -697,7 +686,7 @@ def _check_third_party_invite(
     if mxid != target:
         raise AuthError(f"third_party_invite.signed.mxid {mxid} does not match {target}")
     # 4.4.1.5
-    invite_event = auth_events.get((THIRD_PARTY_INVITE, token))
+    invite_event = auth_events.get((EventTypes.THIRD_PARTY_INVITE, token))
     if invite_event is None:
         raise AuthError(f"no m.room.third_party_invite in the room for token {token!r}")
     # 4.4.1.6

@@ -52,6 +52,7 @@ from roomstream.events.model import Event
 from roomstream.events.redaction import redact
 from roomstream.events.room_versions import RoomVersion
 from roomstream.events.signing import SigningKey, sign_event
+from roomstream.events.types import EventTypes
 from roomstream.grammar import (
     MAX_ID_BYTES,
     is_event_id,
@@ -127,7 +128,7 @@ def validate_pdu_fields(
     if not is_pdu_sender(sender):
         raise _bad(f"'sender' is not a valid user ID: {sender[:80]!r}")
 
-    is_v12_create = room_version.room_id_from_create_event and event_type == "m.room.create"
+    is_v12_create = room_version.room_id_from_create_event and event_type == EventTypes.CREATE
     room_id = data.get("room_id")
     if is_v12_create:
         # The v12 create event has no room_id: its ID names the room. One that carries
@@ -185,7 +186,7 @@ def validate_pdu_fields(
         ):
             raise _bad("'signatures' must map server names to objects of key ID -> string")
 
-    if event_type == "m.room.redaction":
+    if event_type == EventTypes.REDACTION:
         # v11 moved 'redacts' into content (MSC2174); a top-level one is then meaningless.
         if room_version.updated_redaction_rules:
             if not is_event_id(content.get("redacts")):
@@ -249,7 +250,7 @@ def build_event_dict(
     :func:`room_id_for_create_event`). ``redacts`` goes top-level in v10 and into
     ``content`` from v11. ``origin_server_ts`` defaults to now.
     """
-    is_v12_create = room_version.room_id_from_create_event and event_type == "m.room.create"
+    is_v12_create = room_version.room_id_from_create_event and event_type == EventTypes.CREATE
     if is_v12_create and room_id is not None:
         raise ValueError("room version 12 create events must not have a room_id")
     if not is_v12_create and room_id is None:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from roomstream.events.room_versions import RoomVersion
+from roomstream.events.types import EventTypes
 
 StateKey = tuple[str, str]
 """A piece of room state is identified by (event type, state key)."""
@@ -36,7 +37,7 @@ class Event:
         room_id = data.get("room_id")
         if isinstance(room_id, str):
             self._room_id: str | None = room_id
-        elif room_version.room_id_from_create_event and etype == "m.room.create":
+        elif room_version.room_id_from_create_event and etype == EventTypes.CREATE:
             self._room_id = "!" + event_id[1:]
         else:
             self._room_id = None
@@ -80,7 +81,7 @@ class Event:
 
     @property
     def membership(self) -> str | None:
-        if self.type != "m.room.member":
+        if self.type != EventTypes.MEMBER:
             return None
         membership = self.content.get("membership")
         return membership if isinstance(membership, str) else None
@@ -104,7 +105,7 @@ class Event:
     @property
     def redacts(self) -> str | None:
         """The event a redaction redacts: in ``content`` from v11, top-level before."""
-        if self.type != "m.room.redaction":
+        if self.type != EventTypes.REDACTION:
             return None
         if self.room_version.updated_redaction_rules:
             redacts = self.content.get("redacts")

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from roomstream.events.room_versions import RoomVersion
+from roomstream.events.types import EventTypes
 
 _KEPT_TOP_LEVEL_ALL = frozenset(
     {
@@ -56,10 +57,10 @@ _KEPT_TOP_LEVEL_ALL = frozenset(
 _KEPT_TOP_LEVEL_V10 = _KEPT_TOP_LEVEL_ALL | {"prev_state", "origin", "membership"}
 
 _CONTENT_V10: dict[str, tuple[str, ...]] = {
-    "m.room.member": ("membership", "join_authorised_via_users_server"),
-    "m.room.create": ("creator",),
-    "m.room.join_rules": ("join_rule", "allow"),
-    "m.room.power_levels": (
+    EventTypes.MEMBER: ("membership", "join_authorised_via_users_server"),
+    EventTypes.CREATE: ("creator",),
+    EventTypes.JOIN_RULES: ("join_rule", "allow"),
+    EventTypes.POWER_LEVELS: (
         "ban",
         "events",
         "events_default",
@@ -69,15 +70,15 @@ _CONTENT_V10: dict[str, tuple[str, ...]] = {
         "users",
         "users_default",
     ),
-    "m.room.history_visibility": ("history_visibility",),
+    EventTypes.HISTORY_VISIBILITY: ("history_visibility",),
 }
 _CONTENT_V11: dict[str, tuple[str, ...]] = {
-    "m.room.member": ("membership", "join_authorised_via_users_server"),
+    EventTypes.MEMBER: ("membership", "join_authorised_via_users_server"),
     # m.room.create is handled specially: all of its content is kept.
-    "m.room.join_rules": ("join_rule", "allow"),
-    "m.room.power_levels": (*_CONTENT_V10["m.room.power_levels"], "invite"),
-    "m.room.history_visibility": ("history_visibility",),
-    "m.room.redaction": ("redacts",),
+    EventTypes.JOIN_RULES: ("join_rule", "allow"),
+    EventTypes.POWER_LEVELS: (*_CONTENT_V10[EventTypes.POWER_LEVELS], "invite"),
+    EventTypes.HISTORY_VISIBILITY: ("history_visibility",),
+    EventTypes.REDACTION: ("redacts",),
 }
 
 
@@ -100,13 +101,13 @@ def redact(event_dict: Mapping[str, Any], room_version: RoomVersion) -> dict[str
     event_type = event_dict.get("type")
 
     new_content: dict[str, Any]
-    if updated and event_type == "m.room.create":
+    if updated and event_type == EventTypes.CREATE:
         new_content = dict(content)
     else:
         table = _CONTENT_V11 if updated else _CONTENT_V10
         allowed = table.get(event_type, ()) if isinstance(event_type, str) else ()
         new_content = {k: content[k] for k in allowed if k in content}
-        if updated and event_type == "m.room.member":
+        if updated and event_type == EventTypes.MEMBER:
             third_party_invite = content.get("third_party_invite")
             if isinstance(third_party_invite, Mapping):
                 kept_invite: dict[str, Any] = {}

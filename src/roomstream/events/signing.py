@@ -46,6 +46,7 @@ from roomstream.errors import EventSignatureError
 from roomstream.events.model import Event
 from roomstream.events.redaction import redact
 from roomstream.events.room_versions import RoomVersion
+from roomstream.events.types import EventTypes
 
 __all__ = [
     "SigningKey",
@@ -210,7 +211,7 @@ def required_signers(event_dict: Mapping[str, Any]) -> set[str]:
     servers: set[str] = set()
     content = event_dict.get("content")
     content = content if isinstance(content, Mapping) else {}
-    is_member = event_dict.get("type") == "m.room.member"
+    is_member = event_dict.get("type") == EventTypes.MEMBER
     membership = content.get("membership")
     if not (is_member and membership == "invite" and "third_party_invite" in content):
         sender_server = _server_of(event_dict.get("sender"))

@@ -49,6 +49,7 @@ from roomstream.events.room_versions import (
     room_version,
 )
 from roomstream.events.signing import VerifyKeys, check_event_signatures
+from roomstream.events.types import EventTypes
 from roomstream.rooms.keys import KeyMap, verify_keys_of
 from roomstream.rooms.persist import EventPersister, PersistedEvent, topological_order
 from roomstream.rooms.store import EventStore
@@ -137,7 +138,7 @@ def room_of_line(raw: bytes) -> str:
     if not isinstance(data, dict):
         return NO_ROOM
     room_id = data.get("room_id")
-    if data.get("type") == "m.room.create" and room_id is None:
+    if data.get("type") == EventTypes.CREATE and room_id is None:
         content = data.get("content")
         try:
             try:
@@ -272,7 +273,7 @@ def _create_version(room_id: str, rows: Sequence[tuple[int, bytes]]) -> RoomVers
             continue
         try:
             data = orjson.loads(raw)
-            if data.get("type") != "m.room.create" or data.get("state_key") != "":
+            if data.get("type") != EventTypes.CREATE or data.get("state_key") != "":
                 continue
             version = room_version(data["content"]["room_version"])
             try:
@@ -296,7 +297,7 @@ def _unusable_create(rows: Sequence[tuple[int, bytes]]) -> tuple[int, str] | Non
             data = orjson.loads(raw)
         except orjson.JSONDecodeError:
             continue
-        if not isinstance(data, dict) or data.get("type") != "m.room.create":
+        if not isinstance(data, dict) or data.get("type") != EventTypes.CREATE:
             continue
         content = data.get("content")
         known = ", ".join(sorted(KNOWN_ROOM_VERSIONS, key=lambda v: (len(v), v)))
@@ -333,7 +334,7 @@ def _create_error(raw: bytes) -> str | None:
         return None
     try:
         data = orjson.loads(raw)
-        if not isinstance(data, dict) or data.get("type") != "m.room.create":
+        if not isinstance(data, dict) or data.get("type") != EventTypes.CREATE:
             return None
         content = data.get("content")
         version = room_version(content.get("room_version") if isinstance(content, dict) else None)

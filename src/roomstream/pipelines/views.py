@@ -45,6 +45,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from roomstream.events.redaction import redact
 from roomstream.events.room_versions import room_version
+from roomstream.events.types import EventTypes
 from roomstream.pipelines.dbio import jdbc_url, options_from_config
 from roomstream.pipelines.session import spark_session
 from roomstream.pipelines.sinks import DatabaseSink
@@ -57,9 +58,6 @@ from roomstream.pipelines.source import (
 from roomstream.storage import DatabaseConfig, Transaction, connect
 from roomstream.streams.registry import EVENTS
 
-MEMBER = "m.room.member"
-JOIN_RULES = "m.room.join_rules"
-MESSAGE = "m.room.message"
 MEMBERSHIP_COLUMNS = {
     "join": "joined_members",
     "invite": "invited_members",
@@ -325,7 +323,7 @@ def summarize_facts(facts: pa.Table) -> ViewBatch:
     floating point as Spark computes it, null group keys kept as groups."""
     counted = facts.filter(_counted_mask(facts))
     sent = counted.group_by("sender", use_threads=False).aggregate([([], "count_all")])
-    messages = counted.filter(pc.equal(counted["event_type"], MESSAGE))
+    messages = counted.filter(pc.equal(counted["event_type"], EventTypes.MESSAGE))
     day = pc.cast(
         pc.floor(pc.divide(pc.cast(messages["origin_server_ts"], pa.float64()), float(DAY_MS))),
         pa.int64(),
@@ -339,7 +337,9 @@ def summarize_facts(facts: pa.Table) -> ViewBatch:
         [("origin_server_ts", "max")]
     )
     is_ev = pc.equal(facts["kind"], "ev")
-    member_events = facts.filter(pc.and_kleene(is_ev, pc.equal(facts["event_type"], MEMBER)))
+    member_events = facts.filter(
+        pc.and_kleene(is_ev, pc.equal(facts["event_type"], EventTypes.MEMBER))
+    )
     membership_of = dict(
         zip(
             member_events["event_id"].to_pylist(),
@@ -416,7 +416,9 @@ def apply_batch_txn(txn: Transaction, batch: ViewBatch, lookup: ContentLookup) -
     written = 0
     rooms = set(batch.rooms) | {s[1] for s in batch.state}
     _ensure_rows(txn, "view_room_stats", "room_id", rooms)
-    users = {u for u, _ in batch.events_sent} | {s[3] for s in batch.state if s[2] == MEMBER}
+    users = {u for u, _ in batch.events_sent} | {
+        s[3] for s in batch.state if s[2] == EventTypes.MEMBER
+    }
     _ensure_rows(txn, "view_user_stats", "user_id", users)
     txn.executemany(
         "UPDATE view_user_stats SET events_sent = events_sent + ? WHERE user_id = ?",
@@ -445,9 +447,15 @@ def _apply_state_txn(
     lookup: ContentLookup,
 ) -> int:
     # Membership of member events not in this batch, and contents we need.
-    missing = [c[4] for c in changes if c[2] == MEMBER and c[4] is not None and c[5] is None]
+    missing = [
+        c[4] for c in changes if c[2] == EventTypes.MEMBER and c[4] is not None and c[5] is None
+    ]
     known = _memberships_txn(txn, missing) if missing else {}
-    wanted = [c[4] for c in changes if c[2] in (MEMBER, JOIN_RULES) and c[4] is not None]
+    wanted = [
+        c[4]
+        for c in changes
+        if c[2] in (EventTypes.MEMBER, EventTypes.JOIN_RULES) and c[4] is not None
+    ]
     contents = lookup.get_contents(txn, sorted(set(wanted))) if wanted else {}
 
     current: dict[tuple[str, str, str], tuple[Any, ...] | None] = {}
@@ -469,17 +477,17 @@ def _apply_state_txn(
         new: tuple[Any, ...] | None = None
         if event_id is not None:
             content = contents.get(event_id)
-            if etype == MEMBER:
+            if etype == EventTypes.MEMBER:
                 m = membership if membership is not None else known.get(event_id)
                 new = (event_id, stream_id, m, _display_name(content), None)
-            elif etype == JOIN_RULES:
+            elif etype == EventTypes.JOIN_RULES:
                 new = (event_id, stream_id, None, None, _join_rule(content))
             else:
                 new = (event_id, stream_id, None, None, None)
         current[key] = new
         deltas = room_deltas[room]
         deltas["current_state_events"] += (new is not None) - (old is not None)
-        if etype == MEMBER:
+        if etype == EventTypes.MEMBER:
             changed_users.add(state_key)
             changed_rooms.add(room)
             for entry, sign in ((old, -1), (new, 1)):
@@ -487,7 +495,7 @@ def _apply_state_txn(
                     deltas[MEMBERSHIP_COLUMNS[entry[2]]] += sign
                     if entry[2] == "join":
                         user_deltas[state_key] += sign
-        elif etype == JOIN_RULES and state_key == "":
+        elif etype == EventTypes.JOIN_RULES and state_key == "":
             changed_rooms.add(room)
             public[room] = new is not None and new[4] == "public"
 
@@ -530,7 +538,7 @@ def _apply_state_txn(
             for r in txn.query(
                 "SELECT state_key FROM view_room_state WHERE room_id = ? AND type = ?"
                 " AND membership = 'join'",
-                (room, MEMBER),
+                (room, EventTypes.MEMBER),
             )
         )
     for user in sorted(affected):
@@ -543,7 +551,7 @@ def _refresh_directory_txn(txn: Transaction, user: str) -> None:
         "SELECT 1 FROM view_room_state m JOIN view_room_stats r ON r.room_id = m.room_id"
         " WHERE m.type = ? AND m.state_key = ? AND m.membership = 'join'"
         " AND (r.is_public OR r.joined_members >= 2) LIMIT 1",
-        (MEMBER, user),
+        (EventTypes.MEMBER, user),
     )
     if eligible is None:
         txn.execute("DELETE FROM view_user_directory WHERE user_id = ?", (user,))
@@ -551,7 +559,7 @@ def _refresh_directory_txn(txn: Transaction, user: str) -> None:
     name = txn.query_one(
         "SELECT display_name FROM view_room_state WHERE type = ? AND state_key = ?"
         " AND membership = 'join' ORDER BY stream_id DESC, room_id LIMIT 1",
-        (MEMBER, user),
+        (EventTypes.MEMBER, user),
     )
     txn.execute(
         "INSERT INTO view_user_directory (user_id, display_name) VALUES (?, ?)"
@@ -740,7 +748,7 @@ def compute_views(
     for r in counted.groupBy("sender").count().collect():
         snap.user_stats[r["sender"]] = (0, int(r["count"]))
     for r in (
-        counted.filter(F.col("event_type") == MESSAGE)
+        counted.filter(F.col("event_type") == EventTypes.MESSAGE)
         .groupBy("room_id", F.floor(F.col("origin_server_ts") / DAY_MS).alias("day"))
         .count()
         .collect()
@@ -771,13 +779,17 @@ def compute_views(
     current = latest.join(memberships, on="event_id", how="left").collect()
     member_users = {
         r[0]
-        for r in deltas.filter(F.col("event_type") == MEMBER)
+        for r in deltas.filter(F.col("event_type") == EventTypes.MEMBER)
         .select("state_key")
         .distinct()
         .collect()
     }
 
-    wanted = sorted(r["event_id"] for r in current if r["event_type"] in (MEMBER, JOIN_RULES))
+    wanted = sorted(
+        r["event_id"]
+        for r in current
+        if r["event_type"] in (EventTypes.MEMBER, EventTypes.JOIN_RULES)
+    )
     db = connect(config)
     try:
         contents = db.run_interaction_blocking(lookup.get_contents, wanted) if wanted else {}
@@ -789,14 +801,14 @@ def compute_views(
     for r in current:
         key = (r["room_id"], r["event_type"], r["state_key"])
         content = contents.get(r["event_id"])
-        membership = r["ev_membership"] if r["event_type"] == MEMBER else None
-        name = _display_name(content) if r["event_type"] == MEMBER else None
-        rule = _join_rule(content) if r["event_type"] == JOIN_RULES else None
+        membership = r["ev_membership"] if r["event_type"] == EventTypes.MEMBER else None
+        name = _display_name(content) if r["event_type"] == EventTypes.MEMBER else None
+        rule = _join_rule(content) if r["event_type"] == EventTypes.JOIN_RULES else None
         snap.room_state[key] = (r["event_id"], int(r["stream_id"]), membership, name, rule)
         counts[key[0]]["current_state_events"] += 1
         if membership in MEMBERSHIP_COLUMNS:
             counts[key[0]][MEMBERSHIP_COLUMNS[membership]] += 1
-        if r["event_type"] == JOIN_RULES and r["state_key"] == "":
+        if r["event_type"] == EventTypes.JOIN_RULES and r["state_key"] == "":
             public[key[0]] = rule == "public"
     for room in rooms:
         c = counts[room]
@@ -806,7 +818,7 @@ def compute_views(
         )  # fmt: skip
     joined: dict[str, list[tuple[int, str, str | None]]] = defaultdict(list)
     for (room, etype, user), v in snap.room_state.items():
-        if etype == MEMBER and v[2] == "join":
+        if etype == EventTypes.MEMBER and v[2] == "join":
             joined[user].append((int(v[1]), room, v[3]))
     for user in member_users:
         rooms_joined = len(joined.get(user, ()))

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from roomstream.events.model import StateKey
+from roomstream.events.types import EventTypes
 from roomstream.reading.visibility import (
     Position,
     TimelineInput,
@@ -217,7 +218,7 @@ class VisibilityBackfill:
                 break
             event = events[str(event_id)]
             before: Mapping[StateKey, str] | None
-            if event.type == "m.room.create" and not event.prev_event_ids:
+            if event.type == EventTypes.CREATE and not event.prev_event_ids:
                 # The persister stores the group after it as its "before" too (there is
                 # no group for the empty state).
                 before, before_group = {}, None

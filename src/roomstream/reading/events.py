@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from roomstream.events.model import Event
+from roomstream.events.types import EventTypes
 from roomstream.reading.format import (
     ClientEvent,
     FormattedEvent,
@@ -275,7 +276,7 @@ class SingleEvents(EventRead):
             )
             if (
                 meta is None
-                or meta[0] != "m.room.member"
+                or meta[0] != EventTypes.MEMBER
                 or meta[1] != user_id
                 or not meta[2]
                 or meta[3] is not None

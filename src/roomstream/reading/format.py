@@ -32,6 +32,7 @@ import orjson
 
 from roomstream.events.model import Event
 from roomstream.events.redaction import redact
+from roomstream.events.types import EventTypes
 
 __all__ = [
     "ClientEvent",
@@ -60,7 +61,7 @@ def _base(event: Event, data: Mapping[str, Any]) -> ClientEvent:
     }
     if event.state_key is not None:
         result["state_key"] = event.state_key
-    if event.type == "m.room.redaction":
+    if event.type == EventTypes.REDACTION:
         # From room version 11 redacts lives in the content; clients (matrix-js-sdk,
         # matrix-nio) read the top-level key, so it is copied there too, as Synapse does.
         redacts = data.get("redacts", content.get("redacts"))

@@ -7,6 +7,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Literal
 
 from roomstream.errors import InvalidParamError
+from roomstream.events.types import EventTypes
 from roomstream.reading.changes import ChangeTracker
 from roomstream.reading.events import EventFormatter, EventRead, _Loaded
 from roomstream.reading.results import LatestRoomsPage, RoomsCursor, RoomTimeline
@@ -37,13 +38,13 @@ StateChoice = Literal["current", "timeline_start", "none"]
 #: Room state types an invited user is shown (the spec's suggested stripped state).
 INVITE_STATE_TYPES = frozenset(
     {
-        "m.room.create",
-        "m.room.join_rules",
-        "m.room.name",
-        "m.room.avatar",
-        "m.room.canonical_alias",
-        "m.room.encryption",
-        "m.room.topic",
+        EventTypes.CREATE,
+        EventTypes.JOIN_RULES,
+        EventTypes.NAME,
+        EventTypes.AVATAR,
+        EventTypes.CANONICAL_ALIAS,
+        EventTypes.ENCRYPTION,
+        EventTypes.TOPIC,
     }
 )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from roomstream.errors import ForbiddenError
+from roomstream.events.types import EventTypes
 from roomstream.reading.events import EventRead, _Loaded
 from roomstream.reading.format import ClientEvent
 from roomstream.reading.room_state import _state_after_txn
@@ -69,7 +70,7 @@ class Members(EventRead):
         current = current_state_txn(txn, room_id)
         if not current:
             return None
-        own = current.get(("m.room.member", user_id))
+        own = current.get((EventTypes.MEMBER, user_id))
         own_membership = None
         if own is not None:
             row = txn.query_one("SELECT membership FROM events WHERE event_id = ?", (own,))
@@ -79,7 +80,7 @@ class Members(EventRead):
             if own_membership in ("leave", "ban") and own is not None:
                 limit_event = own
             else:
-                hv = current.get(("m.room.history_visibility", ""))
+                hv = current.get((EventTypes.HISTORY_VISIBILITY, ""))
                 hv_event = None if hv is None else load_events_txn(txn, [hv]).get(hv)
                 if (
                     visibility_class(None if hv_event is None else hv_event.content)
@@ -112,6 +113,6 @@ class Members(EventRead):
         ids = sorted(
             v
             for k, v in state.items()
-            if k[0] == "m.room.member" and (users is None or k[1] in users)
+            if k[0] == EventTypes.MEMBER and (users is None or k[1] in users)
         )
         return ids, self._load_txn(txn, (), ids, user_id, None)

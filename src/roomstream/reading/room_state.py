@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from roomstream.errors import ForbiddenError
+from roomstream.events.types import EventTypes
 from roomstream.reading.events import EventRead, _Loaded
 from roomstream.reading.results import RoomStateView
 from roomstream.reading.timeline_rows import (
@@ -103,7 +104,7 @@ class RoomStateReads(EventRead):
         current = current_state_txn(txn, room_id)
         if not current:
             return None
-        own = current.get(("m.room.member", user_id))
+        own = current.get((EventTypes.MEMBER, user_id))
         row = (
             None
             if own is None
@@ -115,7 +116,7 @@ class RoomStateReads(EventRead):
         elif membership in ("leave", "ban") and own is not None:
             state_ids = _state_ids_after_txn(txn, own)
         else:
-            hv = current.get(("m.room.history_visibility", ""))
+            hv = current.get((EventTypes.HISTORY_VISIBILITY, ""))
             hv_event = None if hv is None else load_events_txn(txn, [hv]).get(hv)
             if visibility_class(None if hv_event is None else hv_event.content) != WORLD_READABLE:
                 return None

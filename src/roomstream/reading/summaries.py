@@ -8,6 +8,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from roomstream.events.types import EventTypes
 from roomstream.reading.changes import ChangeTracker
 from roomstream.reading.timeline_rows import _chunks, _marks
 from roomstream.rooms.store import load_events_txn
@@ -63,8 +64,8 @@ def _summaries_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, _Room
         }
         for event_id, event in load_events_txn(txn, list(naming)).items():
             content = event.content
-            if (event.type == "m.room.name" and content.get("name")) or (
-                event.type == "m.room.canonical_alias" and content.get("alias")
+            if (event.type == EventTypes.NAME and content.get("name")) or (
+                event.type == EventTypes.CANONICAL_ALIAS and content.get("alias")
             ):
                 named.add(naming[event_id])
     result: dict[str, _RoomSummary] = {}

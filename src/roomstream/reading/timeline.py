@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from roomstream.events.types import EventTypes
 from roomstream.reading.changes import ChangeTracker
 from roomstream.reading.events import EventFormatter, EventRead, _Loaded
 from roomstream.reading.format import ClientEvent
@@ -48,7 +49,7 @@ def _lazy_members(
     """``state`` with only the ``m.room.member`` events of the timeline's senders and of
     ``user_id`` (lazy-loading members)."""
     wanted = {user_id, *(e.get("sender") for e in timeline)}
-    return [e for e in state if e.get("type") != "m.room.member" or e.get("state_key") in wanted]
+    return [e for e in state if e.get("type") != EventTypes.MEMBER or e.get("state_key") in wanted]
 
 
 def _new_rows_txn(
@@ -244,12 +245,14 @@ class NewEvents(EventRead):
                 if lazy_members:
                     wanted = {user_id, *_senders_txn(txn, [r.event_id for r in rows]).values()}
                     state = {
-                        k: v for k, v in state.items() if k[0] != "m.room.member" or k[1] in wanted
+                        k: v
+                        for k, v in state.items()
+                        if k[0] != EventTypes.MEMBER or k[1] in wanted
                     }
                     for member in wanted:
-                        found = start.get(("m.room.member", member))
+                        found = start.get((EventTypes.MEMBER, member))
                         if found is not None:
-                            state[("m.room.member", member)] = found
+                            state[(EventTypes.MEMBER, member)] = found
             timelines[room_id] = (rows, limited, sorted(state.values()))
         replaces: dict[str, str | None] = {}
         if changes:

@@ -39,6 +39,7 @@ from typing import Any
 import orjson
 
 from roomstream.events.model import Event, StateKey
+from roomstream.events.types import EventTypes
 from roomstream.rooms.participants import TimelineInput
 from roomstream.state.groups import get_state_txn
 from roomstream.storage import Transaction
@@ -67,8 +68,7 @@ CLASS_NAMES = {
 }
 ALL_CLASSES = frozenset(CLASS_NAMES.values())
 
-HISTORY_VISIBILITY_KEY: StateKey = ("m.room.history_visibility", "")
-MEMBER = "m.room.member"
+HISTORY_VISIBILITY_KEY: StateKey = (EventTypes.HISTORY_VISIBILITY, "")
 
 Position = tuple[int, int]
 """(topological_ordering, stream_ordering) of a timeline event."""
@@ -260,7 +260,7 @@ class VisibilityRecorder:
         if event.is_state() and event.state_tuple == HISTORY_VISIBILITY_KEY:
             visibility_after = visibility_class(event.content)
         member_user = membership = replaces = None
-        if event.type == MEMBER and event.state_key is not None:
+        if event.type == EventTypes.MEMBER and event.state_key is not None:
             member_user, membership = event.state_key, event.membership
         if event.is_state():
             replaces = before.get(event.state_tuple)
@@ -330,7 +330,7 @@ class VisibilityRecorder:
         """user -> (membership at the predecessor, membership at this event), for the
         users whose membership differs."""
         if predecessor is None:
-            keys = [k for k in before if k[0] == MEMBER]
+            keys = [k for k in before if k[0] == EventTypes.MEMBER]
             previous: Mapping[StateKey, str] = {}
         else:
             previous = predecessor.before
@@ -338,11 +338,13 @@ class VisibilityRecorder:
                 return {}
             if before is predecessor.after:
                 key = predecessor.changed
-                keys = [key] if key is not None and key[0] == MEMBER else []
+                keys = [key] if key is not None and key[0] == EventTypes.MEMBER else []
             elif before == previous:
                 return {}
             else:
-                keys = list({k for k, _ in before.items() ^ previous.items() if k[0] == MEMBER})
+                keys = list(
+                    {k for k, _ in before.items() ^ previous.items() if k[0] == EventTypes.MEMBER}
+                )
         if not keys:
             return {}
         ids = [v for k in keys for v in (before.get(k), previous.get(k)) if v is not None]

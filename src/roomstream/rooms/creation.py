@@ -17,7 +17,6 @@ from signedjson.types import SigningKey
 
 from roomstream.errors import AuthError, InvalidParamError, NotFoundError
 from roomstream.events.auth import (
-    REDACTION,
     auth_types_for_event,
     check_auth_rules,
     holds_redact_level,
@@ -30,6 +29,7 @@ from roomstream.events.format import (
 )
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, RoomVersion, room_version
+from roomstream.events.types import EventTypes
 from roomstream.rooms.persist import CREATE_KEY, EventPersister, PersistedEvent, TransactionKey
 
 #: Spec limit on how many prev events an event may reference.
@@ -81,7 +81,7 @@ class LocalEventCreator:
         persister = self.persister
         async with persister.room_lock(room_id):
             version, extremities, current = await persister.get_room_state(room_id)
-            if event_type == "m.room.create":
+            if event_type == EventTypes.CREATE:
                 # A room has exactly one create event, made by create_room.
                 raise InvalidParamError(
                     f"{room_id} exists: it cannot get another m.room.create",
@@ -113,7 +113,7 @@ class LocalEventCreator:
             auth_events = await persister.get_events(auth_needed.values())
             auth_map = {k: auth_events[v] for k, v in auth_needed.items()}
             check_auth_rules(event, auth_map)
-            if event.type == REDACTION:
+            if event.type == EventTypes.REDACTION:
                 await self._check_redaction(event, auth_map)
             committed = await persister.prepare_room_locked(
                 room_id,
@@ -186,7 +186,7 @@ class LocalEventCreator:
         create = finalise_local_event(
             build_event_dict(
                 version,
-                event_type="m.room.create",
+                event_type=EventTypes.CREATE,
                 sender=creator,
                 content=create_content,
                 prev_events=[],
@@ -207,9 +207,9 @@ class LocalEventCreator:
         created = [CreatedEvent(create, _only(results, create).stream_ordering)]
         users: dict[str, int] = {} if version.privileged_creators else {creator: 100}
         initial: list[tuple[str, str, dict[str, Any]]] = [
-            ("m.room.member", creator, {"membership": "join"}),
+            (EventTypes.MEMBER, creator, {"membership": "join"}),
             (
-                "m.room.power_levels",
+                EventTypes.POWER_LEVELS,
                 "",
                 {
                     "users": users,
@@ -224,16 +224,16 @@ class LocalEventCreator:
                 },
             ),
             (
-                "m.room.join_rules",
+                EventTypes.JOIN_RULES,
                 "",
                 {"join_rule": "public" if preset is RoomPreset.PUBLIC_CHAT else "invite"},
             ),
-            ("m.room.history_visibility", "", {"history_visibility": "shared"}),
+            (EventTypes.HISTORY_VISIBILITY, "", {"history_visibility": "shared"}),
         ]
         if name is not None:
-            initial.append(("m.room.name", "", {"name": name}))
+            initial.append((EventTypes.NAME, "", {"name": name}))
         if topic is not None:
-            initial.append(("m.room.topic", "", {"topic": topic}))
+            initial.append((EventTypes.TOPIC, "", {"topic": topic}))
         for event_type, state_key, content in initial:
             created.append(
                 await self.create_event(

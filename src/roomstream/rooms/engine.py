@@ -25,6 +25,7 @@ from roomstream.events.signing import (
     load_or_create_signing_key,
     required_signers,
 )
+from roomstream.events.types import EventTypes
 from roomstream.rooms.creation import LocalEventCreator
 from roomstream.rooms.keys import ServerKeyStore, local_key_map
 from roomstream.rooms.participants import PersistParticipant
@@ -138,7 +139,7 @@ class RoomEngine:
         new_rooms: dict[str, RoomVersion] = {}
         parsed: dict[int, tuple[Event, bool]] = {}
         for i, (raw, data) in enumerate(zip(raws, decoded, strict=True)):
-            if data.get("type") == "m.room.create":
+            if data.get("type") == EventTypes.CREATE:
                 version = _create_version(data)
                 parsed[i] = _parse(raw, version)
                 new_rooms.setdefault(room_id_for_create_event(parsed[i][0]), version)
@@ -182,7 +183,7 @@ class RoomEngine:
 
     async def _version_for(self, raw: bytes) -> RoomVersion:
         data = _decode(raw)
-        if data.get("type") == "m.room.create":
+        if data.get("type") == EventTypes.CREATE:
             return _create_version(data)
         return await self._stored_or_new_version(data, {})
 

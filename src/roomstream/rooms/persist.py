@@ -49,6 +49,7 @@ from roomstream.events.auth import (
 )
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
+from roomstream.events.types import EventTypes
 from roomstream.metrics import observe_persisted, persist_timer
 from roomstream.rooms.participants import PersistParticipant, TimelineInput
 from roomstream.rooms.store import (
@@ -82,7 +83,7 @@ from roomstream.streams import StreamSet
 
 logger = logging.getLogger(__name__)
 
-CREATE_KEY: StateKey = ("m.room.create", "")
+CREATE_KEY: StateKey = (EventTypes.CREATE, "")
 
 
 @dataclass(eq=False)
@@ -592,7 +593,7 @@ class EventPersister:
             return room
         loaded = await self.db.run_interaction(_load_room_txn, room_id)
         if loaded is None:
-            create = next((e for e in batch if e.type == "m.room.create"), None)
+            create = next((e for e in batch if e.type == EventTypes.CREATE), None)
             if create is None:
                 raise UnknownRoomError(room_id, " (and no create event in the batch)")
             version = create.room_version
@@ -740,7 +741,7 @@ class EventPersister:
                     prev_groups.append(contexts[prev].after)
                 elif prev in known_groups:
                     prev_groups.append(known_groups[prev][1])
-            if event.type == "m.room.create" and not prevs:
+            if event.type == EventTypes.CREATE and not prevs:
                 state_before: StateMap = {}
             elif not prevs or len(prev_groups) < len(prevs):
                 ctx.outlier = True
@@ -910,7 +911,7 @@ class EventPersister:
         ``state`` selects exactly those, the rules would see the same input, so they are
         not run again (the usual case: a sender picks auth events from the state it has).
         """
-        if event.type == "m.room.create":
+        if event.type == EventTypes.CREATE:
             return None
         keys = auth_types_for_event(
             room.version, event.type, event.state_key, event.sender, event.content
@@ -1021,7 +1022,7 @@ class EventPersister:
                 )
             if event.redacts is not None and ctx.rejected_reason is None:
                 redaction_rows.append((event.event_id, event.redacts))
-            if event.type == "m.room.create" and ctx.rejected_reason is None:
+            if event.type == EventTypes.CREATE and ctx.rejected_reason is None:
                 creator = event.content.get("creator", event.sender)
                 txn.execute(
                     "INSERT INTO rooms (room_id, room_version, creator) VALUES (?, ?, ?)"
@@ -1143,7 +1144,11 @@ class EventPersister:
             groups = state_groups_txn(txn, [redaction_id]).get(redaction_id)
             if groups is None:
                 continue
-            keys = [("m.room.power_levels", ""), CREATE_KEY, ("m.room.member", redaction.sender)]
+            keys = [
+                (EventTypes.POWER_LEVELS, ""),
+                CREATE_KEY,
+                (EventTypes.MEMBER, redaction.sender),
+            ]
             wanted = {}
             for key in keys:
                 value = get_state_entry_txn(txn, groups[0], key)
@@ -1191,7 +1196,7 @@ class EventPersister:
         missing_members = [
             v
             for k, v in delta.items()
-            if v is not None and k[0] == "m.room.member" and v not in members
+            if v is not None and k[0] == EventTypes.MEMBER and v not in members
         ]
         if missing_members:
             for chunk in chunks(missing_members):

@@ -12,6 +12,7 @@ import orjson
 
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
+from roomstream.events.types import EventTypes
 from roomstream.state.groups import StateMap, get_state_entry_txn, get_state_txn
 from roomstream.storage import Database, Transaction
 
@@ -233,7 +234,7 @@ class EventStore:
                 (room_id,),
             ):
                 state[(event_type, state_key)] = event_id
-                if event_type == "m.room.member" and state_key == user_id:
+                if event_type == EventTypes.MEMBER and state_key == user_id:
                     membership = member
             return state, membership
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roomstream.errors import BadJsonError, InvalidParamError
+from roomstream.events.types import EventTypes
 
 __all__ = [
     "MAX_LISTS",
@@ -200,13 +201,13 @@ def _required_state(value: Any, what: str) -> RequiredState:
     if isinstance(value, list):
         # Synapse's shape: [type, "$LAZY"] on m.room.member asks for lazy members.
         pairs = _pairs(value, what)
-        lazy = ("m.room.member", LAZY) in pairs
+        lazy = (EventTypes.MEMBER, LAZY) in pairs
         return RequiredState(frozenset(p for p in pairs if p[1] != LAZY), frozenset(), lazy)
     if isinstance(value, dict):
         include = _pairs(value.get("include", []), f"{what}.include")
         exclude = _pairs(value.get("exclude", []), f"{what}.exclude")
         lazy = _flag(value.get("lazy_members"), f"{what}.lazy_members") or False
-        lazy = lazy or ("m.room.member", LAZY) in include
+        lazy = lazy or (EventTypes.MEMBER, LAZY) in include
         return RequiredState(frozenset(p for p in include if p[1] != LAZY), exclude, lazy)
     raise _bad(f"{what} must be a list or an object")
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from roomstream.events.types import EventTypes
 from roomstream.storage import Database, Transaction
 
 __all__ = ["BUMP_EVENT_TYPES", "RoomEntry", "SlidingStore", "StateRow"]
@@ -30,9 +31,9 @@ __all__ = ["BUMP_EVENT_TYPES", "RoomEntry", "SlidingStore", "StateRow"]
 #: ``SLIDING_SYNC_DEFAULT_BUMP_EVENT_TYPES`` is the same set).
 BUMP_EVENT_TYPES: frozenset[str] = frozenset(
     {
-        "m.room.create",
-        "m.room.message",
-        "m.room.encrypted",
+        EventTypes.CREATE,
+        EventTypes.MESSAGE,
+        EventTypes.ENCRYPTED,
         "m.sticker",
         "m.call.invite",
         "m.poll.start",

@@ -39,16 +39,13 @@ from typing import Protocol, runtime_checkable
 
 from roomstream.errors import AuthError
 from roomstream.events.auth import (
-    CREATE,
-    JOIN_RULES,
-    MEMBER,
-    POWER_LEVELS,
     auth_types_for_event,
     check_auth_rules,
     get_user_power_level,
 )
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, StateResolutionAlgorithm
+from roomstream.events.types import EventTypes
 from roomstream.state.auth_chain_index import AuthChainIndex
 from roomstream.state.cooperative import cooperate
 
@@ -69,9 +66,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_CREATE_KEY: StateKey = (CREATE, "")
-_POWER_LEVELS_KEY: StateKey = (POWER_LEVELS, "")
-_JOIN_RULES_KEY: StateKey = (JOIN_RULES, "")
+_CREATE_KEY: StateKey = (EventTypes.CREATE, "")
+_POWER_LEVELS_KEY: StateKey = (EventTypes.POWER_LEVELS, "")
+_JOIN_RULES_KEY: StateKey = (EventTypes.JOIN_RULES, "")
 
 
 # --------------------------------------------------------------------------------------
@@ -135,7 +132,7 @@ def effective_auth_event_ids(event: Event) -> list[str]:
     derived from the room ID, appended once; other versions are returned as listed.
     """
     auth_ids = event.auth_event_ids
-    if event.room_version.room_id_from_create_event and event.type != CREATE:
+    if event.room_version.room_id_from_create_event and event.type != EventTypes.CREATE:
         create_id = create_event_id_for_room(event.room_id)
         if create_id not in auth_ids:
             auth_ids.append(create_id)
@@ -157,7 +154,7 @@ def is_power_event(event: Event) -> bool:
     if key in (_POWER_LEVELS_KEY, _JOIN_RULES_KEY):
         return True
     return (
-        event.type == MEMBER
+        event.type == EventTypes.MEMBER
         and event.membership in ("leave", "ban")
         and (event.sender != event.state_key)
     )
@@ -492,7 +489,7 @@ async def _iterative_auth_checks(
     For each key the rules need (:func:`auth_types_for_event`) the event in the state
     being built is used; if the state lacks the key, the event's own auth event for it
     is. In v12 the create event, which no event lists, comes from the room ID, which is
-    what :func:`check_auth_rules` expects under ``("m.room.create", "")``.
+    what :func:`check_auth_rules` expects under ``(EventTypes.CREATE, "")``.
     """
     state = dict(initial_state)
     for event_id in event_ids:

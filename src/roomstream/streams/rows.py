@@ -42,6 +42,7 @@ class EventRow(NamedTuple):
     @property
     def member_user_id(self) -> str | None:
         """The user whose membership this event sets (None for any other event)."""
+        # EventTypes.MEMBER (roomstream.events.types); streams sit below events.
         return self.state_key if self.type == "m.room.member" else None
 
     def to_wire(self) -> tuple[str, tuple[Any, ...]]:

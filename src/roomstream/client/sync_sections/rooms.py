@@ -25,6 +25,7 @@ from roomstream.client.sync_sections.base import (
     user_key,
 )
 from roomstream.client.unread import UnreadCounter
+from roomstream.events.types import EventTypes
 from roomstream.reading import EventsToken, RoomReader, RoomTimeline
 from roomstream.streams.rows import EventRow, events_row_from_wire
 
@@ -65,7 +66,7 @@ class RoomsSection(SyncSection):
         """An event wakes its room's syncs (and, a membership event, its target's: the
         user may not be in the room yet); a state change wakes its room's."""
         decoded = events_row_from_wire(row)
-        if isinstance(decoded, EventRow) and decoded.type == "m.room.member":
+        if isinstance(decoded, EventRow) and decoded.type == EventTypes.MEMBER:
             member = decoded.state_key
             if member is not None:
                 return [room_key(decoded.room_id), user_key(member)]
@@ -258,7 +259,7 @@ def _empty_joined_room(prev_batch: str) -> dict[str, Any]:
 
 
 #: State whose change can change a room's summary.
-_SUMMARY_TYPES = frozenset({"m.room.member", "m.room.name", "m.room.canonical_alias"})
+_SUMMARY_TYPES = frozenset({EventTypes.MEMBER, EventTypes.NAME, EventTypes.CANONICAL_ALIAS})
 
 
 def _membership_moved(room: dict[str, Any]) -> bool:
