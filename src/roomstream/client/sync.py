@@ -2,8 +2,8 @@
 the rest from the per-user streams, all behind one opaque token, long-polled through the
 :class:`~roomstream.client.notifier.Notifier`.
 
-The token is ``<events>_<account_data>_<receipts>_<to_device>_<typing>``: one part per
-section of :data:`~roomstream.client.sync_sections.SECTIONS`, in its order (the read
+The token is ``<events>_<account_data>_<receipts>_<to_device>_<typing>_<device_lists>``:
+one part per section of :data:`~roomstream.client.sync_sections.SECTIONS`, in its order (the read
 path's events token, which never contains ``_``, then a position of each other stream).
 Each section fills its part of the response (:mod:`roomstream.client.sync_sections`);
 every sub-object of the response is present even when empty.

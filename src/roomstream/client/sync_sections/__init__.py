@@ -1,8 +1,8 @@
 """``/sync`` as one section per token part (see :mod:`.base` for the protocol).
 
-:data:`SECTIONS` is the registration list: its order is the order of the token's parts
-(``<events>_<account_data>_<receipts>_<to_device>_<typing>_<device_lists>``) and the order sections
-collect in. A new section is a new module here with a :class:`SyncSection` subclass
+:data:`SECTIONS` is the registration list: its order is the order of the token's
+parts (``<events>_<account_data>_<receipts>_<to_device>_<typing>_<device_lists>``) and the
+order sections collect in. A new section is a new module here with a :class:`SyncSection` subclass
 (built by its ``from_services``) and one line appended to :data:`SECTIONS` (plus a
 field of :class:`SyncServices` if it reads from something new); appended, so tokens
 issued before it parse (a missing part is the section's ``ZERO``). Never reorder or
