@@ -111,6 +111,8 @@ def test_paths_and_streams_are_those_of_earlier_releases() -> None:
         ("/client/receipt", "receipts", None),
         ("/client/to_device", "to_device", None),
         ("/client/typing", "typing", None),
+        # Added with end-to-end encryption: body {"op", "args"}, answer {"result"}.
+        ("/client/e2e_keys", "device_lists", "result"),
     }
     assert ep.SEND.encode_answer("$e") == {"event_id": "$e"}
     assert ep.TYPING.encode_answer(None) == {}

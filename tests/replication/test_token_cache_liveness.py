@@ -117,7 +117,8 @@ async def writer_and_cut_off_reader(
         db_config,
         tmp_path,
         transport,
-        stream_writers={"caches": ["w1"], "events": ["w1"]},
+        # device_lists: every logout writes a row there (no instance is called main).
+        stream_writers={"caches": ["w1"], "events": ["w1"], "device_lists": ["w1"]},
         instances=instances,
     )
     if transport == "redis":

@@ -35,7 +35,9 @@ async def run_cluster(
         "server_name": f"c{uuid.uuid4().hex[:8]}.test",
         "data_dir": str(tmp_path / "data"),
         "database": {"engine": "postgres", "dsn": pg_database, "schema": schema},
-        "stream_writers": {"events": ["w1", "w2"], **stream_writers},
+        # No instance is called main (the default writer of unnamed streams): every stream
+        # a test writes is named here; device_lists because every logout writes to it.
+        "stream_writers": {"events": ["w1", "w2"], "device_lists": ["w1"], **stream_writers},
         "instances": {
             "w1": {
                 "replication_port": free_port(),

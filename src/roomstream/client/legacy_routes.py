@@ -9,7 +9,13 @@ from aiohttp import web
 
 from roomstream.accounts import Accounts
 from roomstream.client.legacy import LegacyReads, clamp_limit
-from roomstream.client.request import json_response, query_bool, query_int, read_json
+from roomstream.client.request import (
+    json_response,
+    query_bool,
+    query_int,
+    read_json,
+    room_id_in_path,
+)
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
 from roomstream.client.sync import SyncToken
@@ -23,13 +29,6 @@ __all__ = ["legacy_routes"]
 DEFAULT_INITIAL_SYNC_LIMIT = 10
 #: Default events per room of one ``/events`` answer.
 DEFAULT_EVENTS_LIMIT = 100
-
-
-def _room_id(request: web.Request) -> str:
-    room_id = request.match_info["room_id"]
-    if not is_room_id_to_look_up(room_id):
-        raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
-    return room_id
 
 
 def _path_value(request: web.Request, name: str) -> str:
@@ -56,19 +55,21 @@ def legacy_routes(
         requester = await authenticate(accounts, request)
         content = await read_json(request)
         event_id = await rooms.send_untracked(
-            requester, _room_id(request), _path_value(request, "event_type"), content
+            requester, room_id_in_path(request), _path_value(request, "event_type"), content
         )
         return json_response({"event_id": event_id})
 
     async def room_aliases(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        aliases = await legacy.room_aliases(requester, _room_id(request))
+        aliases = await legacy.room_aliases(requester, room_id_in_path(request))
         return json_response({"aliases": aliases})
 
     async def room_initial_sync(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         limit = query_int(request, "limit", DEFAULT_INITIAL_SYNC_LIMIT, high=10_000)
-        body = await legacy.room_initial_sync(requester, _room_id(request), clamp_limit(limit))
+        body = await legacy.room_initial_sync(
+            requester, room_id_in_path(request), clamp_limit(limit)
+        )
         return json_response(body)
 
     async def initial_sync(request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ from roomstream.errors import (
     MissingParamError,
     MissingTokenError,
 )
+from roomstream.grammar import is_room_id_to_look_up
 from roomstream.httpbase import json_response, read_json
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "query_int",
     "read_json",
     "required",
+    "room_id_in_path",
 ]
 
 T = TypeVar("T")
@@ -100,3 +102,13 @@ def access_token(request: web.Request) -> str | None:
             raise MissingTokenError("Authorization must be 'Bearer <token>'")
         return token.strip()
     return request.query.get("access_token")
+
+
+def room_id_in_path(request: web.Request) -> str:
+    """The ``{room_id}`` path value, if it can name a room (``M_INVALID_PARAM`` if not;
+    :func:`~roomstream.grammar.is_room_id_to_look_up`: lenient, an unknown room is a 404
+    later)."""
+    room_id = request.match_info["room_id"]
+    if not is_room_id_to_look_up(room_id):
+        raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
+    return room_id

@@ -7,20 +7,13 @@ from typing import Any
 from aiohttp import web
 
 from roomstream.accounts import Accounts
-from roomstream.client.request import json_response, optional, read_json, required
+from roomstream.client.request import json_response, optional, read_json, required, room_id_in_path
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.server import Route, authenticate
 from roomstream.errors import InvalidParamError, NotFoundError
-from roomstream.grammar import MAX_ID_BYTES, is_room_id_to_look_up, utf8_length
+from roomstream.grammar import MAX_ID_BYTES, utf8_length
 
 __all__ = ["room_routes"]
-
-
-def _room_id(request: web.Request) -> str:
-    room_id = request.match_info["room_id"]
-    if not is_room_id_to_look_up(room_id):
-        raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
-    return room_id
 
 
 def _path_value(request: web.Request, name: str) -> str:
@@ -62,18 +55,18 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
     async def join_room(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         body = await read_json(request)
-        room_id = await rooms.join(requester, _room_id(request), _join_content(body))
+        room_id = await rooms.join(requester, room_id_in_path(request), _join_content(body))
         return json_response({"room_id": room_id})
 
     async def leave(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         await read_json(request)
-        await rooms.leave(requester, _room_id(request))
+        await rooms.leave(requester, room_id_in_path(request))
         return json_response({})
 
     async def forget(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        await rooms.forget(requester, _room_id(request))
+        await rooms.forget(requester, room_id_in_path(request))
         return json_response({})
 
     async def membership(request: web.Request) -> web.Response:
@@ -81,7 +74,7 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         body = await read_json(request)
         await rooms.change_membership(
             requester,
-            _room_id(request),
+            room_id_in_path(request),
             request.match_info["action"],
             required(body, "user_id", str),
             optional(body, "reason", str),
@@ -93,7 +86,7 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         content = await read_json(request)
         event_id = await rooms.send_event(
             requester,
-            _room_id(request),
+            room_id_in_path(request),
             _path_value(request, "event_type"),
             content,
             _path_value(request, "txn_id"),
@@ -105,7 +98,7 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         content = await read_json(request)
         event_id = await rooms.set_state(
             requester,
-            _room_id(request),
+            room_id_in_path(request),
             _path_value(request, "event_type"),
             _path_value(request, "state_key"),
             content,
@@ -116,7 +109,7 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         requester = await authenticate(accounts, request)
         content = await rooms.readable_state_entry(
             requester,
-            _room_id(request),
+            room_id_in_path(request),
             _path_value(request, "event_type"),
             _path_value(request, "state_key"),
         )
@@ -129,7 +122,7 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         body = await read_json(request)
         event_id = await rooms.redact(
             requester,
-            _room_id(request),
+            room_id_in_path(request),
             _path_value(request, "event_id"),
             optional(body, "reason", str),
             _path_value(request, "txn_id"),
@@ -161,7 +154,7 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
 
     async def joined_members(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        joined = await rooms.joined_members(requester, _room_id(request))
+        joined = await rooms.joined_members(requester, room_id_in_path(request))
         return json_response({"joined": joined})
 
     state_path = "/rooms/{room_id}/state/{event_type}"
