@@ -152,7 +152,7 @@ async def bench_latency(spark: Any, tmp: str, samples: int) -> dict[str, Any]:
             await write_events(db, gen, [message("!r", user)])
             committed = time.perf_counter()  # rows committed and position stored
             deadline = committed + 60
-            while not await db.run_interaction(seen_txn, user):
+            while not await db.run_interaction("seen", seen_txn, user):
                 if time.perf_counter() > deadline:
                     raise TimeoutError(f"{user} not in the view after 60 s")
                 await asyncio.sleep(0.01)

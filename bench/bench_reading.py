@@ -99,7 +99,9 @@ QUICK = Sizes(
 
 
 async def _count(bench: Bench, table: str) -> int:
-    row = await bench.db.run_interaction(lambda t: t.query_one(f"SELECT COUNT(*) FROM {table}"))
+    row = await bench.db.run_interaction(
+        "bench_count_rows", lambda t: t.query_one(f"SELECT COUNT(*) FROM {table}")
+    )
     return int(row[0])
 
 
@@ -408,6 +410,7 @@ async def bench_million(bench: Bench, sizes: Sizes) -> dict[str, Any]:
     chunk = 50_000
     for start in range(0, total, chunk):
         await bench.db.run_interaction(
+            "load_million",
             _load_million_txn, room_id, user, start, min(chunk, total - start), join_at,
             first_stream,
         )  # fmt: skip
@@ -454,7 +457,7 @@ async def _tables(bench: Bench, room_id: str) -> list[list[Any]]:
             for table in ("timeline_events", "visibility_memberships")
         ]
 
-    return await bench.db.run_interaction(txn)
+    return await bench.db.run_interaction("tables", txn)
 
 
 async def bench_backfill(bench: Bench, sizes: Sizes) -> dict[str, Any]:
@@ -475,7 +478,7 @@ async def bench_backfill(bench: Bench, sizes: Sizes) -> dict[str, Any]:
         for table in ("timeline_events", "visibility_memberships"):
             t.execute(f"DELETE FROM {table} WHERE room_id = ?", (room.room_id,))
 
-    await bench.db.run_interaction(wipe)
+    await bench.db.run_interaction("wipe", wipe)
     cpu, wall = time.process_time(), time.perf_counter()
     done = await VisibilityBackfill(bench.db).rebuild_room(room.room_id)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall

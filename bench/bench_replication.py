@@ -279,7 +279,7 @@ async def bench_latency_case(
         async def write(seqs: list[int]) -> None:
             try:
                 async with generator.reserve_many(len(seqs)) as ids:
-                    await engine.db.run_interaction(_facts_txn, ids, seqs)
+                    await engine.db.run_interaction("facts", _facts_txn, ids, seqs)
                     committed = time.monotonic_ns()
                     for s, i in zip(seqs, ids, strict=True):
                         commits[s] = (i, committed)

@@ -596,7 +596,7 @@ async def bench_churn(
     )
     log(f"  churn persisted: {fmt_rate(rate(len(changes), total_s))} events/s")
     member_room.history.extend(e.event_id for e in changes)
-    rows = await bench.db.run_interaction(_state_rows_txn, room.room_id)
+    rows = await bench.db.run_interaction("state_rows", _state_rows_txn, room.room_id)
     per_state_event = (rows["state_entries"] + rows["state_branches"]) / rows["state_events"]
     with_groups = per_state_event + rows["state_groups"] / rows["state_events"]
     log(f"  rows: {rows}; entries+branches per state event {per_state_event:.3f}")

@@ -188,18 +188,20 @@ async def _drive_writer(
         if batch == 1:
             async with gen.reserve() as stream_id:
                 if with_rows:
-                    await db.run_interaction(_write_cache_rows_txn, [stream_id], writer)
+                    await db.run_interaction(
+                        "write_cache_rows", _write_cache_rows_txn, [stream_id], writer
+                    )
         else:
             async with gen.reserve_many(batch) as ids:
                 if with_rows:
-                    await db.run_interaction(_write_cache_rows_txn, ids, writer)
+                    await db.run_interaction("write_cache_rows", _write_cache_rows_txn, ids, writer)
 
 
 async def bench_reserve_case(
     target: BenchDatabase, writers: int, batch: int, total_facts: int, with_rows: bool
 ) -> dict[str, Any]:
     db = target.db
-    await db.run_interaction(_reset_caches_txn)
+    await db.run_interaction("reset_caches", _reset_caches_txn)
     await target.settle()
     names = [f"w{i}" for i in range(writers)]
     gens = [
@@ -228,7 +230,7 @@ async def bench_reserve_case(
     if linear != {top}:
         raise AssertionError(f"linear positions {linear} did not all reach {top}")
     if with_rows:
-        rows = await db.run_interaction(_count_rows_txn)
+        rows = await db.run_interaction("count_rows", _count_rows_txn)
         if rows != facts + batch * writers:
             raise AssertionError(f"expected {facts + batch * writers} rows, found {rows}")
     return {
@@ -420,7 +422,7 @@ async def _page_through(
     started = time.perf_counter()
     while True:
         updates, new_upto, limited = await db.run_interaction(
-            get_updates_txn, stream, writer, from_token, upto, limit
+            "get_updates", get_updates_txn, stream, writer, from_token, upto, limit
         )
         rows += len(updates)
         pages += 1
@@ -442,14 +444,14 @@ async def bench_get_updates(target: BenchDatabase, sizes: Sizes) -> list[dict[st
     upto = sizes.fill_rows
     for stream, fill in ((CACHES, _fill_caches_txn), (EVENTS, _fill_events_txn)):
         started = time.perf_counter()
-        await db.run_interaction(fill, sizes.fill_rows)
+        await db.run_interaction("fill", fill, sizes.fill_rows)
         await target.settle()
         seconds = time.perf_counter() - started
         log(f"  filled {stream.name} with {sizes.fill_rows:,} facts in {seconds:.1f} s")
         expected = total_rows = 0
         for table in stream.tables:
-            expected += await db.run_interaction(_count_txn, table.ref.table, "w0")
-            total_rows += await db.run_interaction(_count_txn, table.ref.table, None)
+            expected += await db.run_interaction("count", _count_txn, table.ref.table, "w0")
+            total_rows += await db.run_interaction("count", _count_txn, table.ref.table, None)
         for limit in (1_000, 10_000):
             await _page_through(db, stream, "w0", upto, limit)  # warm the caches
             runs = []

@@ -53,7 +53,7 @@ async def settle_database(db: Database, dsn: str | None) -> None:
     """After bulk writes: fresh statistics, and (PostgreSQL, ``dsn`` given) a vacuum and a
     checkpoint. Without it, autovacuum, hint-bit writes and a checkpoint land in the middle
     of the next measurement on a 2-core machine and make it noisy."""
-    await db.run_interaction(_analyze_txn)
+    await db.run_interaction("analyze", _analyze_txn)
     if dsn is not None:
         await asyncio.to_thread(_vacuum_and_checkpoint, dsn)
 

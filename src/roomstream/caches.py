@@ -288,7 +288,7 @@ class CacheInvalidator:
         """Stream one invalidation in a transaction of its own; returns its stream ID."""
         async with self.reserve() as stream_id:
             await self._streams.database.run_interaction(
-                self.invalidate_txn, stream_id, cache_func, keys
+                "invalidate", self.invalidate_txn, stream_id, cache_func, keys
             )
         return int(stream_id)
 

@@ -179,7 +179,7 @@ async def _print_views_summary(
 
     db = connect(config.database)
     try:
-        summary = await db.run_interaction(views_summary_txn)
+        summary = await db.run_interaction("views_summary", views_summary_txn)
     finally:
         await db.close()
     where = (

@@ -42,6 +42,8 @@ __all__ = [
     "EVENTS_PERSISTED",
     "HTTP_REQUESTS",
     "PERSIST_SECONDS",
+    "TRANSACTION_RETRIES",
+    "TRANSACTION_SECONDS",
     "InstanceCollector",
     "InstanceSnapshot",
     "observe_persisted",
@@ -53,6 +55,18 @@ PERSIST_SECONDS = Histogram(
     "roomstream_persist_seconds",
     "Time to persist one batch of events, from the call to its commit.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+TRANSACTION_SECONDS = Histogram(
+    "roomstream_db_transaction_seconds",
+    "Time of one database transaction by name (the name given to run_interaction), from"
+    " taking a connection to the commit or the rollback, retries included.",
+    ["name"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+TRANSACTION_RETRIES = Counter(
+    "roomstream_db_transaction_retries",
+    "Transactions run again after a serialization failure or a deadlock, by name.",
+    ["name"],
 )
 EVENTS_PERSISTED = Counter(
     "roomstream_events_persisted",

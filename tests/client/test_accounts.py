@@ -81,11 +81,12 @@ async def test_login_logout_and_tokens(homeserver: Homeserver) -> None:
 async def test_only_hashes_are_stored(homeserver: Homeserver) -> None:
     user = await homeserver.register("erin", "hunter2")
     rows = await homeserver.engine.db.run_interaction(
-        lambda t: t.query("SELECT token_hash FROM access_tokens")
+        "test_query", lambda t: t.query("SELECT token_hash FROM access_tokens")
     )
     assert [r[0] for r in rows] == [hashlib.sha256(user.token.encode()).hexdigest()]
     (stored,) = await homeserver.engine.db.run_interaction(
-        lambda t: t.query_one("SELECT password_hash FROM users WHERE user_id = ?", (user.user_id,))
+        "test_query",
+        lambda t: t.query_one("SELECT password_hash FROM users WHERE user_id = ?", (user.user_id,)),
     )
     assert stored.startswith("$argon2id$") and "hunter2" not in stored
 

@@ -143,7 +143,9 @@ async def test_directory_from_rebuilt_views(homeserver: Homeserver, spark: Spark
     db = homeserver.engine.db
 
     async def search(who: str, term: str, limit: int = 10) -> tuple[list[str], bool]:
-        found = await db.run_interaction(search_users_txn, u[who].user_id, term, limit)
+        found = await db.run_interaction(
+            "search_users", search_users_txn, u[who].user_id, term, limit
+        )
         return [r["user_id"] for r in found.results], found.limited
 
     # Library: the visibility rule.
@@ -174,7 +176,7 @@ async def test_directory_from_rebuilt_views(homeserver: Homeserver, spark: Spark
     assert await search("alice", "%") == ([], False)  # LIKE wildcards are literal
 
     # Library: the room list (published rooms only, most members first).
-    page = await db.run_interaction(public_rooms_txn, 10, None, None)
+    page = await db.run_interaction("public_rooms", public_rooms_txn, 10, None, None)
     assert [r.room_id for r in page.chunk] == [world["lobby"], world["cafe"]]
     assert page.total_room_count_estimate == 2
     assert page.next_batch is None and page.prev_batch is None
@@ -189,7 +191,7 @@ async def test_directory_from_rebuilt_views(homeserver: Homeserver, spark: Spark
         "guest_can_join": False,
         "join_rule": "public",
     }
-    found = await db.run_interaction(public_rooms_txn, 10, None, "CAFE")
+    found = await db.run_interaction("public_rooms", public_rooms_txn, 10, None, "CAFE")
     assert [r.room_id for r in found.chunk] == [world["cafe"]]
 
     # HTTP: the user directory.

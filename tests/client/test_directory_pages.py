@@ -47,7 +47,7 @@ async def _walk(
     db = connect(config)
     try:
         await prepare_database(db)
-        await db.run_interaction(_fill, spec)
+        await db.run_interaction("fill", _fill, spec)
         reader = DirectoryReader(db)
         listed = [(-j, f"!{s}") for s, j, published, in_views in spec if published and in_views]
         oracle = [room for _, room in sorted(listed)]

@@ -34,10 +34,11 @@ async def run_rounds(
         keys = E2eKeys(database, streams.generator("device_lists"), _never_asked)
         user, device = f"@u{next(_users)}:test", "DEV"  # fresh per example (shared database)
         await database.run_interaction(
+            "test_query",
             lambda t: t.execute(
                 "INSERT INTO devices (user_id, device_id, created_ts) VALUES (?, ?, 0)",
                 (user, device),
-            )
+            ),
         )
         # The oracle: keys on the server, in upload order; claimed ones gone.
         stored: set[str] = set()

@@ -116,7 +116,7 @@ async def test_delete_needs_the_password_and_takes_tokens_keys_and_inbox(
             for table in ("e2e_device_keys", "e2e_one_time_keys", "device_inbox", "devices")
         ]
 
-    assert await hs.engine.db.run_interaction(leftovers) == [0, 0, 0, 0]
+    assert await hs.engine.db.run_interaction("leftovers", leftovers) == [0, 0, 0, 0]
     status, body = await hs.call(
         "DELETE", "/devices/PHONE", {"auth": password_auth(alice.user_id)}, token=alice.token
     )
@@ -175,8 +175,9 @@ async def test_logout_forgets_the_device_keys_and_tells_contacts(homeserver: Hom
     keys = await hs.ok("POST", "/keys/query", {"device_keys": {alice.user_id: []}}, token=bob.token)
     assert keys["device_keys"][alice.user_id] == {}
     rows = await hs.engine.db.run_interaction(
+        "test_query",
         lambda t: t.query_one(
             "SELECT COUNT(*) FROM e2e_device_keys WHERE user_id = ?", (alice.user_id,)
-        )
+        ),
     )
     assert int(rows[0]) == 0

@@ -196,6 +196,6 @@ async def test_changes_lists_users_sharing_a_room(homeserver: Homeserver) -> Non
 
 async def _max_ordering(hs: Homeserver) -> int:
     row = await hs.engine.db.run_interaction(
-        lambda t: t.query_one("SELECT MAX(stream_ordering) FROM events")
+        "test_query", lambda t: t.query_one("SELECT MAX(stream_ordering) FROM events")
     )
     return int(row[0])

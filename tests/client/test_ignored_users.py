@@ -141,10 +141,11 @@ async def test_the_list_is_cached_and_forgotten_by_an_account_data_row(
     assert bodies(page["chunk"]) == ["hello"]  # the empty list, now cached
     content = orjson.dumps({"ignored_users": {bob.user_id: {}}}).decode()
     await hs.engine.db.run_interaction(
+        "test_query",
         lambda t: t.execute(
             "UPDATE account_data SET content = ? WHERE user_id = ? AND account_data_type = ?",
             (content, alice.user_id, "m.ignored_user_list"),
-        )
+        ),
     )
     page = await hs.ok("GET", f"/rooms/{room_id}/messages?dir=b", token=alice.token)
     assert bodies(page["chunk"]) == ["hello"]  # cached

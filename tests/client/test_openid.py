@@ -27,7 +27,7 @@ async def test_a_token_names_its_user_until_it_expires(homeserver: Homeserver) -
         assert await hs.ok("GET", f"{USERINFO}?access_token={token}") == {"sub": alice.user_id}
     # Stored only as its hash.
     rows = await hs.engine.db.run_interaction(
-        lambda t: t.query("SELECT token_hash, user_id FROM openid_tokens")
+        "test_query", lambda t: t.query("SELECT token_hash, user_id FROM openid_tokens")
     )
     assert (token_hash(token), alice.user_id) in {(r[0], r[1]) for r in rows}
     assert all(token not in r[0] for r in rows)
@@ -48,7 +48,7 @@ async def test_a_token_names_its_user_until_it_expires(homeserver: Homeserver) -
     openid.clock = lambda: now + 7200
     await hs.ok("POST", f"/user/{alice.user_id}/openid/request_token", {}, token=alice.token)
     count = await hs.engine.db.run_interaction(
-        lambda t: t.query_one("SELECT COUNT(*) FROM openid_tokens")
+        "test_query", lambda t: t.query_one("SELECT COUNT(*) FROM openid_tokens")
     )
     assert count is not None and int(count[0]) == 1
 

@@ -135,7 +135,7 @@ async def test_ephemeral_and_per_user_data(homeserver: Homeserver) -> None:
     )
     assert acked["to_device"]["events"] == []
     left = await homeserver.engine.db.run_interaction(
-        lambda t: t.query("SELECT COUNT(*) FROM device_inbox")
+        "test_query", lambda t: t.query("SELECT COUNT(*) FROM device_inbox")
     )
     assert left[0][0] == 0
     # push rules exist with the server defaults

@@ -82,10 +82,11 @@ async def test_an_old_transaction_id_is_forgotten(homeserver: Homeserver) -> Non
     bob = await hs.register("bob")
     await _send(hs, alice, bob, "old", 1)
     await hs.engine.db.run_interaction(
+        "test_query",
         lambda t: t.execute(
             "UPDATE to_device_transactions SET created_ts = created_ts - ?",
             (TO_DEVICE_TRANSACTION_KEPT_MS + 1000,),
-        )
+        ),
     )
     await _send(hs, alice, bob, "new", 2)
     await _send(hs, alice, bob, "old", 3)

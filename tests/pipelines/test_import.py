@@ -102,7 +102,7 @@ def _snapshot_txn(txn: Transaction) -> Snapshot:
 def _read(config: DatabaseConfig) -> Snapshot:
     db = connect(config)
     try:
-        return db.run_interaction_blocking(_snapshot_txn)
+        return db.run_interaction_blocking("snapshot", _snapshot_txn)
     finally:
         db.close_blocking()
 
@@ -118,7 +118,7 @@ def _tables(config: DatabaseConfig) -> dict[str, list[tuple[Any, ...]]]:
         }
 
     try:
-        return db.run_interaction_blocking(txn)
+        return db.run_interaction_blocking("tables", txn)
     finally:
         db.close_blocking()
 
@@ -280,7 +280,7 @@ def _membership_steps(txn: Transaction) -> list[dict[str, Any]]:
 def _canonical(config: DatabaseConfig, with_order: bool = True) -> Rows:
     db = connect(config)
     try:
-        return db.run_interaction_blocking(_canonical_txn, with_order)
+        return db.run_interaction_blocking("canonical", _canonical_txn, with_order)
     finally:
         db.close_blocking()
 
@@ -537,7 +537,7 @@ def _replayed_deltas(config: DatabaseConfig) -> dict[str, dict[Any, str]]:
         ]
 
     try:
-        rows = db.run_interaction_blocking(txn)
+        rows = db.run_interaction_blocking("replayed_deltas", txn)
     finally:
         db.close_blocking()
     state: dict[str, dict[Any, str]] = defaultdict(dict)
@@ -679,9 +679,10 @@ def test_import_checks_signatures_and_keeps_hash_mismatches_redacted(
     db = connect(target)
     try:
         stored = db.run_interaction_blocking(
+            "test_query",
             lambda t: t.query_one(
                 "SELECT json FROM event_json WHERE event_id = ?", (redacted.event_id,)
-            )[0]
+            )[0],
         )
     finally:
         db.close_blocking()

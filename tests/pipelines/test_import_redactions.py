@@ -108,7 +108,8 @@ def test_import_applies_only_authorised_redactions(spark: SparkSession, tmp_path
     db = connect(target)
     try:
         rows = db.run_interaction_blocking(
-            lambda t: t.query("SELECT event_id, redacted_by, rejected_reason FROM events")
+            "test_query",
+            lambda t: t.query("SELECT event_id, redacted_by, rejected_reason FROM events"),
         )
     finally:
         db.close_blocking()

@@ -61,7 +61,9 @@ async def test_batch_stops_below_an_id_in_flight(
     assert end == {"w1": low_id - 1}
     assert [row["stream_id"] for row in read_all(r, {}, end)] == [low_id - 1]
     # The lower ID commits: the next batch includes it and the one above it, once each.
-    await database.run_interaction(insert_events_txn, "w1", [(low_id, message("!r", "@b"))])
+    await database.run_interaction(
+        "insert_events", insert_events_txn, "w1", [(low_id, message("!r", "@b"))]
+    )
     await low.__aexit__(None, None, None)
     end2 = r.latestOffset(end, ALL)
     assert end2 == {"w1": high_ids[0]}
@@ -147,7 +149,7 @@ async def test_reads_equal_get_updates(db_config: DatabaseConfig, database: Data
     await write_events(database, gen, [member("!r", "@a", "join"), message("!r", "@a")])
     caches = await caches_generator(database, "w", ["w"])
     async with caches.reserve_many(3) as cache_ids:
-        await database.run_interaction(write_cache_rows, cache_ids, "w")
+        await database.run_interaction("write_cache_rows", write_cache_rows, cache_ids, "w")
 
     def backfill_txn(txn: Any) -> None:
         txn.execute(
@@ -157,12 +159,12 @@ async def test_reads_equal_get_updates(db_config: DatabaseConfig, database: Data
             " (-2, 1, '$old2', '!r', 'm.room.message', '@z', 0, 0, 'w')"
         )
 
-    await database.run_interaction(backfill_txn)
+    await database.run_interaction("backfill", backfill_txn)
     with read_connection(db_config) as conn:
         for stream in (EVENTS, CACHES, BACKFILL):
             batch = fetch_batch(conn, stream, "w", 0, 1000)
             expected, _, _ = await database.run_interaction(
-                get_updates_txn, stream, "w", 0, 1000, 10_000
+                "get_updates", get_updates_txn, stream, "w", 0, 1000, 10_000
             )
             got = batch.to_pydict()
             # Byte for byte what replication would send for these rows.
@@ -228,7 +230,9 @@ async def test_typed_columns_agree_with_wire_rows(
     with read_connection(db_config) as conn:
         batch = fetch_batch(conn, EVENTS, "w", 0, 1000)
     rows = batch.to_pylist()
-    expected, _, _ = await database.run_interaction(get_updates_txn, EVENTS, "w", 0, 1000, 100)
+    expected, _, _ = await database.run_interaction(
+        "get_updates", get_updates_txn, EVENTS, "w", 0, 1000, 100
+    )
     assert [(r["stream_id"], r["row_json"]) for r in rows] == [
         (t, orjson.dumps(row).decode()) for t, row in expected
     ]

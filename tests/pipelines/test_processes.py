@@ -63,7 +63,7 @@ def sink_report(proc: subprocess.CompletedProcess[str]) -> dict[str, list[int]]:
 async def test_driver_killed_after_sink_commit_then_restarted(
     db_config: DatabaseConfig, database: Database, tmp_path: Path
 ) -> None:
-    await database.run_interaction(create_delivered_txn)
+    await database.run_interaction("create_delivered", create_delivered_txn)
     gen = await events_generator(database, "w", ["w"])
     await write_events(
         database, gen, [member("!r", "@a", "join")] + [message("!r", "@a") for _ in range(8)]
@@ -72,15 +72,15 @@ async def test_driver_killed_after_sink_commit_then_restarted(
     crashed = run_job(db_config, "facts", checkpoint, "--crash-after-batch", "1")
     assert crashed.returncode == CRASH_EXIT, crashed.stderr[-4000:]
     # Batch 1 is in the sink (its bookkeeping row committed with the data)...
-    assert {t for _, t, _ in await database.run_interaction(delivered_txn)} == set(
+    assert {t for _, t, _ in await database.run_interaction("delivered", delivered_txn)} == set(
         range(1, 6)
     )  # batches 0-1: tokens 1-2, 3-5
     # ...and Spark replays it on restart: the sink recognises it and writes nothing twice.
     report = sink_report(run_job(db_config, "facts", checkpoint))
     assert report["skipped"] == [1]
     assert report["applied"] and min(report["applied"]) == 2
-    delivered = await database.run_interaction(delivered_txn)
-    assert delivered == await database.run_interaction(expected_txn, ["w"])
+    delivered = await database.run_interaction("delivered", delivered_txn)
+    assert delivered == await database.run_interaction("expected", expected_txn, ["w"])
 
 
 async def test_views_job_on_a_standalone_cluster(spark: SparkSession, tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ async def test_views_job_on_a_standalone_cluster(spark: SparkSession, tmp_path: 
         await scenario.setup()
         for i in range(Scenario.STEPS):
             await scenario.step(i)
-        contents = await database.run_interaction(contents_txn)
+        contents = await database.run_interaction("contents", contents_txn)
     finally:
         await database.close()
     with standalone_cluster(tmp_path / "cluster", cores=2, memory="1g", timeout=600) as master:

@@ -41,7 +41,7 @@ def end_offset(query: StreamingQuery) -> dict[str, int]:
 async def test_restart_from_checkpoint_delivers_each_fact_once(
     spark: SparkSession, db_config: DatabaseConfig, database: Database, tmp_path: Path
 ) -> None:
-    await database.run_interaction(create_delivered_txn)
+    await database.run_interaction("create_delivered", create_delivered_txn)
     a = await events_generator(database, "a", ["a", "b"])
     b = await events_generator(database, "b", ["a", "b"])
     await write_events(database, a, [member("!r", "@a", "join"), message("!r", "@a")])
@@ -70,8 +70,8 @@ async def test_restart_from_checkpoint_delivers_each_fact_once(
     # its final fact waits for a to move past it).
     linear = min(end_offset(query).values())
     assert linear == 11
-    delivered = await database.run_interaction(delivered_txn)
-    expected = await database.run_interaction(expected_txn, ["a", "b"], linear)
+    delivered = await database.run_interaction("delivered", delivered_txn)
+    expected = await database.run_interaction("expected", expected_txn, ["a", "b"], linear)
     assert len(expected) == 4 + 2 + 7  # events, state rows, later messages
     assert delivered == expected  # every fact, none twice (sorted lists, duplicates show)
 
@@ -79,7 +79,7 @@ async def test_restart_from_checkpoint_delivers_each_fact_once(
 async def test_running_query_waits_for_in_flight_crashed_and_new_writers(
     spark: SparkSession, db_config: DatabaseConfig, database: Database, tmp_path: Path
 ) -> None:
-    await database.run_interaction(create_delivered_txn)
+    await database.run_interaction("create_delivered", create_delivered_txn)
     a = await events_generator(database, "a", ["a", "b"])
     b = await events_generator(database, "b", ["a", "b"])
     sink = facts_sink(db_config, "facts")
@@ -87,7 +87,7 @@ async def test_running_query_waits_for_in_flight_crashed_and_new_writers(
 
     async def tokens() -> set[int]:
         query.processAllAvailable()
-        return {t for _, t, _ in await database.run_interaction(delivered_txn)}
+        return {t for _, t, _ in await database.run_interaction("delivered", delivered_txn)}
 
     try:
         first = await write_events(database, a, [message("!r", "@a"), message("!r", "@a")])
@@ -102,6 +102,7 @@ async def test_running_query_waits_for_in_flight_crashed_and_new_writers(
         assert low_id not in seen and high_id not in seen
         assert end_offset(query)["a"] == low_id - 1
         await database.run_interaction(
+            "insert_events",
             insert_events_txn,
             "a",
             [(low_id, message("!r", "@late"))],
@@ -128,9 +129,9 @@ async def test_running_query_waits_for_in_flight_crashed_and_new_writers(
     finally:
         query.stop()
         sink.close()
-    delivered = await database.run_interaction(delivered_txn)
+    delivered = await database.run_interaction("delivered", delivered_txn)
     linear = min(end_offset(query).values())
-    expected = await database.run_interaction(expected_txn, ["a", "b", "c"], linear)
+    expected = await database.run_interaction("expected", expected_txn, ["a", "b", "c"], linear)
     assert delivered == expected
 
 

@@ -53,7 +53,7 @@ async def test_streaming_views_equal_rebuild(
     streamed = read_snapshot(db_config)
 
     # The stub lookup (a mapping) gives the same answers as the event_json table.
-    lookup = MappingContentLookup(await database.run_interaction(contents_txn))
+    lookup = MappingContentLookup(await database.run_interaction("contents", contents_txn))
     rebuilt = rebuild_views(spark, db_config, lookup=lookup, write=False)
     assert rebuilt.snapshot == streamed
     # The rebuild covered exactly what the stream delivered (same linear position).

@@ -56,7 +56,9 @@ async def test_redacted_member_events_are_read_redacted(database: Database, tmp_
         redacts=renamed.event.event_id,
     )
     ids = [e.event.event_id for e in (joined, renamed, kept)]
-    contents = await database.run_interaction(EventJsonContentLookup().get_contents, ids)
+    contents = await database.run_interaction(
+        "test_query", EventJsonContentLookup().get_contents, ids
+    )
     assert contents[joined.event.event_id] == {"membership": "join", "displayname": "Bob B"}
     assert contents[renamed.event.event_id] == {"membership": "join"}  # redacted form
     assert contents[kept.event.event_id]["displayname"] == "Alice"

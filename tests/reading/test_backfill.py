@@ -66,7 +66,7 @@ async def opened(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[Pla
         )
         player = Player(engine, key)
         player.rooms = await database.run_interaction(
-            lambda t: t.query_one("SELECT COUNT(*) FROM rooms")[0]
+            "test_query", lambda t: t.query_one("SELECT COUNT(*) FROM rooms")[0]
         )
         yield player
     finally:
@@ -91,7 +91,7 @@ def _tables_txn(txn: Transaction, room_id: str) -> tuple[Rows, Rows]:
 
 
 async def tables(database: Database, room_id: str) -> tuple[Rows, Rows]:
-    return await database.run_interaction(_tables_txn, room_id)
+    return await database.run_interaction("tables", _tables_txn, room_id)
 
 
 async def wipe(database: Database, room_id: str | None = None) -> None:
@@ -102,7 +102,7 @@ async def wipe(database: Database, room_id: str | None = None) -> None:
             else:
                 t.execute(f"DELETE FROM {table} WHERE room_id = ?", (room_id,))
 
-    await database.run_interaction(txn)
+    await database.run_interaction("wipe", txn)
 
 
 def memberships_at_events(timeline: Rows, members: Rows) -> dict[tuple[str, str], str | None]:
@@ -195,10 +195,11 @@ async def test_events_in_no_timeline_stay_out(db_config: DatabaseConfig, tmp_pat
     async with opened(db_config, tmp_path) as player:
         await rebuild_and_check(player, OFF_TIMELINE, (1000, 1))
         soft_failed, rejected = await player.engine.db.run_interaction(
+            "test_query",
             lambda t: t.query_one(
                 "SELECT SUM(CASE WHEN soft_failed THEN 1 ELSE 0 END),"
                 " SUM(CASE WHEN rejected_reason IS NULL THEN 0 ELSE 1 END) FROM events"
-            )
+            ),
         )
         assert (soft_failed, rejected) == (1, 1), "the script stores one of each"
 
@@ -298,9 +299,9 @@ async def persisted_then_downgraded(
             records[played.room_id] = await tables(database, played.room_id)
             if in_order(script):
                 ordered.append(played.room_id)
-        await database.run_interaction(_downgrade_txn, 5)
+        await database.run_interaction("downgrade", _downgrade_txn, 5)
         versions = await database.run_interaction(
-            lambda t: t.query("SELECT version FROM schema_version ORDER BY version")
+            "test_query", lambda t: t.query("SELECT version FROM schema_version ORDER BY version")
         )
         assert [v[0] for v in versions] == [1, 2, 3, 4]
     return records, ordered
@@ -380,7 +381,7 @@ def test_roomstream_rebuild_visibility(db_config: DatabaseConfig, tmp_path: Path
         try:
             await prepare_database(database)
             await database.run_interaction(
-                lambda t: t.execute("DELETE FROM visibility_backfill_rooms")
+                "test_query", lambda t: t.execute("DELETE FROM visibility_backfill_rooms")
             )
         finally:
             await database.close()
@@ -484,7 +485,7 @@ async def test_a_persist_waits_for_a_rebuild_batch(
             held.set()
             release.wait(60)
 
-        holder = asyncio.create_task(database.run_interaction(hold))
+        holder = asyncio.create_task(database.run_interaction("hold", hold))
         assert await asyncio.to_thread(held.wait, 60)
         body = {"body": "waits"}
         send = asyncio.create_task(

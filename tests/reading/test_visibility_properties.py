@@ -65,7 +65,7 @@ async def run_scripts(
         player = Player(engine, key)
         # Rooms of earlier examples share the database; users are fresh per room.
         player.rooms = await database.run_interaction(
-            lambda t: t.query_one("SELECT COUNT(*) FROM rooms")[0]
+            "test_query", lambda t: t.query_one("SELECT COUNT(*) FROM rooms")[0]
         )
         for script, version in cases:
             played = await player.play(script, version)

@@ -46,9 +46,10 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
                     assert r.status == 200, await r.text()
                     result = await r.json()
                 rows = await w1.engine.db.run_interaction(
+                    "test_query",
                     lambda txn, e=result["event_id"]: txn.query(
                         "SELECT instance_name, stream_ordering FROM events WHERE event_id = ?", (e,)
-                    )
+                    ),
                 )
                 assert rows == [(owner, result["stream_ordering"])]
 
@@ -223,9 +224,10 @@ async def test_forwarded_client_writes_are_validated_and_only_taken_by_their_wri
         status, answer = await post(f"{base['w1']}/account_data", good)
         assert (status, answer) == (200, {})
         rows = await w1.engine.db.run_interaction(
+            "test_query",
             lambda txn: txn.query(
                 "SELECT instance_name, content FROM account_data WHERE user_id = ?", (alice,)
-            )
+            ),
         )
         assert rows == [("w1", '{"a":1}')]
         status, answer = await post(

@@ -50,7 +50,13 @@ async def write_row_with_key_of(node: ReplicationNode, size: int) -> int:
     generator = node.engine.streams.generator("caches")
     async with generator.reserve() as stream_id:
         await node.engine.db.run_interaction(
-            stream_invalidation_txn, stream_id, node.instance_name, "big", ["x" * size], 1
+            "stream_invalidation",
+            stream_invalidation_txn,
+            stream_id,
+            node.instance_name,
+            "big",
+            ["x" * size],
+            1,
         )
     return stream_id
 

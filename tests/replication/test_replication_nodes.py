@@ -142,7 +142,10 @@ async def test_events_from_two_writers_reach_reader(
     await wait_for(caught_up(reader, w1, "events"))
     await wait_for(caught_up(reader, w2, "events"))
     rows = await w1.engine.db.run_interaction(
-        lambda txn: txn.query("SELECT event_id, instance_name FROM events ORDER BY stream_ordering")
+        "test_query",
+        lambda txn: txn.query(
+            "SELECT event_id, instance_name FROM events ORDER BY stream_ordering"
+        ),
     )
     seen = [(row[1][0], w) for s, w, _, row in recorder.rows if s == "events" and row[0] == "ev"]
     assert sorted(seen) == sorted((r[0], r[1]) for r in rows)

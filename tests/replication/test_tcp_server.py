@@ -342,7 +342,13 @@ async def test_reader_that_never_reads_costs_bounded_memory(writer: ReplicationN
         while server.congestion_drops == 0 and written < 10_000:
             async with generator.reserve() as stream_id:
                 await writer.engine.db.run_interaction(
-                    stream_invalidation_txn, stream_id, "w1", "big", ["x" * row_bytes, written], 1
+                    "stream_invalidation",
+                    stream_invalidation_txn,
+                    stream_id,
+                    "w1",
+                    "big",
+                    ["x" * row_bytes, written],
+                    1,
                 )
             written += 1
             await asyncio.sleep(0)  # let the sender run (each fact is sent as it commits)

@@ -108,7 +108,7 @@ def _persist_corpus(path: Path, db_path: Path) -> dict[str, tuple[dict[Any, str]
     asyncio.run(persist_rooms(str(db_path), dict(rooms), settings))
     db = connect(DatabaseConfig(engine="sqlite", path=str(db_path)))
     try:
-        return db.run_interaction_blocking(_states_txn)
+        return db.run_interaction_blocking("states", _states_txn)
     finally:
         db.close_blocking()
 

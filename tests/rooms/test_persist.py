@@ -181,9 +181,10 @@ async def test_persisting_twice_is_a_no_op(engine: RoomEngine, remote_key: Signi
     assert not again.new
     assert again.stream_ordering == created.stream_ordering
     count = await engine.db.run_interaction(
+        "test_query",
         lambda t: t.query_one(
             "SELECT COUNT(*) FROM events WHERE event_id = ?", (created.event.event_id,)
-        )[0]
+        )[0],
     )
     assert count == 1
 
@@ -225,7 +226,7 @@ async def test_exact_bytes_are_kept(engine: RoomEngine, remote_key: SigningKey) 
 async def test_bad_input_persists_nothing(engine: RoomEngine) -> None:
     room_id = await public_room(engine)
     before = await engine.db.run_interaction(
-        lambda t: t.query_one("SELECT COUNT(*) FROM events")[0]
+        "test_query", lambda t: t.query_one("SELECT COUNT(*) FROM events")[0]
     )
     cases = [
         b"{not json",
@@ -237,7 +238,9 @@ async def test_bad_input_persists_nothing(engine: RoomEngine) -> None:
         with pytest.raises(BadEventError) as info:
             await engine.receive_pdus([raw])
         assert info.value.errcode in ("M_NOT_JSON", "M_BAD_JSON", "M_NOT_FOUND")
-    after = await engine.db.run_interaction(lambda t: t.query_one("SELECT COUNT(*) FROM events")[0])
+    after = await engine.db.run_interaction(
+        "test_query", lambda t: t.query_one("SELECT COUNT(*) FROM events")[0]
+    )
     assert after == before
 
 
@@ -417,7 +420,9 @@ async def test_failed_commit_leaves_nothing_and_the_room_recovers(
     room_id = await public_room(engine)
     tip_before = await engine.store.get_forward_extremities(room_id)
     count_sql = "SELECT COUNT(*) FROM events WHERE room_id = ?"
-    before = await engine.db.run_interaction(lambda t: t.query_one(count_sql, (room_id,))[0])
+    before = await engine.db.run_interaction(
+        "test_query", lambda t: t.query_one(count_sql, (room_id,))[0]
+    )
     persister = engine.persister
     original = persister._persist_txn
     calls = 0
@@ -438,7 +443,9 @@ async def test_failed_commit_leaves_nothing_and_the_room_recovers(
     )
     assert calls >= 1
     assert all(isinstance(o, Exception) for o in outcomes), outcomes
-    after = await engine.db.run_interaction(lambda t: t.query_one(count_sql, (room_id,))[0])
+    after = await engine.db.run_interaction(
+        "test_query", lambda t: t.query_one(count_sql, (room_id,))[0]
+    )
     assert after == before
     assert await engine.store.get_forward_extremities(room_id) == tip_before
     monkeypatch.setattr(persister, "_persist_txn", original)
@@ -492,7 +499,9 @@ async def _bob_joining(
 
 
 async def _event_rows(engine: RoomEngine, sql: str, *args: object) -> list[tuple[object, ...]]:
-    return await engine.db.run_interaction(lambda t: [tuple(r) for r in t.query(sql, args)])
+    return await engine.db.run_interaction(
+        "test_query", lambda t: [tuple(r) for r in t.query(sql, args)]
+    )
 
 
 async def test_double_redaction_in_one_batch_keeps_the_first_persisted(

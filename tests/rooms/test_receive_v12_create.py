@@ -48,7 +48,9 @@ def _resigned(data: dict[str, Any], key: SigningKey) -> bytes:
 
 async def _count(engine: RoomEngine) -> int:
     return int(
-        await engine.db.run_interaction(lambda t: t.query_one("SELECT COUNT(*) FROM events")[0])
+        await engine.db.run_interaction(
+            "test_query", lambda t: t.query_one("SELECT COUNT(*) FROM events")[0]
+        )
     )
 
 

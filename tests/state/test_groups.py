@@ -26,17 +26,17 @@ async def test_linear_extension_and_reads(database: Database) -> None:
         g3 = create_state_group_txn(txn, "!r", g2, {K: "$leave"})
         return [g1, g2, g3]
 
-    g1, g2, g3 = await database.run_interaction(build)
-    states = [await database.run_interaction(get_state_txn, g) for g in (g1, g2, g3)]
+    g1, g2, g3 = await database.run_interaction("build", build)
+    states = [await database.run_interaction("get_state", get_state_txn, g) for g in (g1, g2, g3)]
     assert states == [
         {("m.room.create", ""): "$c"},
         {("m.room.create", ""): "$c", K: "$join"},
         {("m.room.create", ""): "$c", K: "$leave"},
     ]
-    assert await database.run_interaction(get_state_entry_txn, g2, K) == "$join"
-    assert await database.run_interaction(get_state_entry_txn, g1, K) is None
+    assert await database.run_interaction("get_state_entry", get_state_entry_txn, g2, K) == "$join"
+    assert await database.run_interaction("get_state_entry", get_state_entry_txn, g1, K) is None
     rows = await database.run_interaction(
-        lambda t: t.query_one("SELECT COUNT(*) FROM state_entries")[0]
+        "test_query", lambda t: t.query_one("SELECT COUNT(*) FROM state_entries")[0]
     )
     assert rows == 3  # one row per state change, nothing copied
 
@@ -49,13 +49,18 @@ async def test_fork_from_older_version_leaves_both_sides_intact(database: Databa
         g3 = create_state_group_txn(txn, "!r", g2, {K: "$l"})
         return g1, g2, fork, g3
 
-    _, g2, fork, g3 = await database.run_interaction(build)
-    get = lambda g: database.run_interaction(get_state_txn, g)  # noqa: E731
+    _, g2, fork, g3 = await database.run_interaction("build", build)
+    get = lambda g: database.run_interaction("get_state", get_state_txn, g)  # noqa: E731
     assert await get(g2) == {("m.room.create", ""): "$c", K: "$j", ("m.room.topic", ""): "$t1"}
     assert await get(fork) == {("m.room.create", ""): "$c", ("m.room.topic", ""): "$t2"}
     assert await get(g3) == {("m.room.create", ""): "$c", K: "$l", ("m.room.topic", ""): "$t1"}
-    assert await database.run_interaction(get_state_entry_txn, fork, K) is None
-    assert await database.run_interaction(get_state_entry_txn, fork, ("m.room.create", "")) == "$c"
+    assert await database.run_interaction("get_state_entry", get_state_entry_txn, fork, K) is None
+    assert (
+        await database.run_interaction(
+            "get_state_entry", get_state_entry_txn, fork, ("m.room.create", "")
+        )
+        == "$c"
+    )
 
 
 async def test_deep_forks_are_flattened(database: Database) -> None:
@@ -72,8 +77,8 @@ async def test_deep_forks_are_flattened(database: Database) -> None:
         assert depth <= MAX_BRANCH_DEPTH
         return group, expected
 
-    group, expected = await database.run_interaction(build)
-    assert await database.run_interaction(get_state_txn, group) == expected
+    group, expected = await database.run_interaction("build", build)
+    assert await database.run_interaction("get_state", get_state_txn, group) == expected
 
 
 @settings(max_examples=30, deadline=None)
@@ -112,7 +117,7 @@ def test_random_histories_match_a_dict_model(seed: int, steps: int) -> None:
         db = connect(DatabaseConfig(engine="sqlite", path=path))
         try:
             await prepare_database(db)
-            await db.run_interaction(build)
+            await db.run_interaction("build", build)
         finally:
             await db.close()
 
@@ -140,22 +145,26 @@ async def test_churn_starts_fresh_branches_and_stays_small(database: Database) -
         writer.finish()
         return history
 
-    history = await database.run_interaction(build)
+    history = await database.run_interaction("build", build)
     changes = len(history)
     counts = await database.run_interaction(
+        "test_query",
         lambda t: t.query_one(
             "SELECT (SELECT COUNT(*) FROM state_entries), (SELECT COUNT(*) FROM state_branches)"
-        )
+        ),
     )
     entries, branches = int(counts[0]), int(counts[1])
     assert branches > 1, "churn past the slack must start a fresh branch"
     assert entries <= 2 * changes
     # Every branch keeps at most `slack` closed rows beyond its live ones.
     worst = await database.run_interaction(
-        lambda t: t.query_one("SELECT MAX(closed_rows - live_rows) FROM state_branches")[0]
+        "test_query",
+        lambda t: t.query_one("SELECT MAX(closed_rows - live_rows) FROM state_branches")[0],
     )
     assert worst <= CLOSED_ROWS_SLACK
     for group, expected in [*history[:: len(history) // 25], history[-1]]:
-        assert await database.run_interaction(get_state_txn, group) == expected
+        assert await database.run_interaction("get_state", get_state_txn, group) == expected
         key = members[3]
-        assert await database.run_interaction(get_state_entry_txn, group, key) == expected.get(key)
+        assert await database.run_interaction(
+            "get_state_entry", get_state_entry_txn, group, key
+        ) == expected.get(key)

@@ -26,36 +26,49 @@ def _insert_caches(txn: Transaction, rows: list[tuple[int, str]]) -> None:
 
 async def test_range_is_half_open_and_per_writer(database: Database) -> None:
     await database.run_interaction(
-        _insert_caches, [(1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b")]
+        "insert_caches", _insert_caches, [(1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b")]
     )
-    updates, upto, limited = await database.run_interaction(get_updates_txn, CACHES, "a", 1, 4, 100)
+    updates, upto, limited = await database.run_interaction(
+        "get_updates", get_updates_txn, CACHES, "a", 1, 4, 100
+    )
     assert updates == [(3, ("f3", ["k3"], 1003)), (4, ("f4", ["k4"], 1004))]
     assert (upto, limited) == (4, False)
-    updates, _, _ = await database.run_interaction(get_updates_txn, CACHES, "b", 0, 10, 100)
+    updates, _, _ = await database.run_interaction(
+        "get_updates", get_updates_txn, CACHES, "b", 0, 10, 100
+    )
     assert [t for t, _ in updates] == [2, 5]
 
 
 async def test_null_keys_mean_whole_cache(database: Database) -> None:
     await database.run_interaction(
-        lambda t: t.execute("INSERT INTO cache_invalidations VALUES (1, 'a', 'f', NULL, 7)")
+        "test_query",
+        lambda t: t.execute("INSERT INTO cache_invalidations VALUES (1, 'a', 'f', NULL, 7)"),
     )
-    updates, _, _ = await database.run_interaction(get_updates_txn, CACHES, "a", 0, 1, 10)
+    updates, _, _ = await database.run_interaction(
+        "get_updates", get_updates_txn, CACHES, "a", 0, 1, 10
+    )
     assert updates == [(1, ("f", None, 7))]
 
 
 async def test_limit_never_splits_a_token(database: Database) -> None:
     # token 2 has three rows; a limit of 2 must stop before it, not inside it.
     await database.run_interaction(
-        _insert_caches, [(1, "a"), (2, "a"), (2, "a"), (2, "a"), (3, "a")]
+        "insert_caches", _insert_caches, [(1, "a"), (2, "a"), (2, "a"), (2, "a"), (3, "a")]
     )
-    updates, upto, limited = await database.run_interaction(get_updates_txn, CACHES, "a", 0, 3, 2)
+    updates, upto, limited = await database.run_interaction(
+        "get_updates", get_updates_txn, CACHES, "a", 0, 3, 2
+    )
     assert [t for t, _ in updates] == [1]
     assert (upto, limited) == (1, True)
     # From there, the one token with more rows than the limit comes back whole.
-    updates, upto, limited = await database.run_interaction(get_updates_txn, CACHES, "a", 1, 3, 2)
+    updates, upto, limited = await database.run_interaction(
+        "get_updates", get_updates_txn, CACHES, "a", 1, 3, 2
+    )
     assert [t for t, _ in updates] == [2, 2, 2]
     assert (upto, limited) == (2, True)
-    updates, upto, limited = await database.run_interaction(get_updates_txn, CACHES, "a", 2, 3, 2)
+    updates, upto, limited = await database.run_interaction(
+        "get_updates", get_updates_txn, CACHES, "a", 2, 3, 2
+    )
     assert ([t for t, _ in updates], upto, limited) == ([3], 3, False)
 
 
@@ -70,9 +83,9 @@ async def test_union_of_tables_is_merged_in_token_order(database: Database) -> N
             [(2, "@u:hs", "!r:hs", "m.tag"), (3, "@u:hs", "!s:hs", "m.tag")],
         )
 
-    await database.run_interaction(fill)
+    await database.run_interaction("fill", fill)
     updates, upto, limited = await database.run_interaction(
-        get_updates_txn, ACCOUNT_DATA, "a", 0, 10, 100
+        "get_updates", get_updates_txn, ACCOUNT_DATA, "a", 0, 10, 100
     )
     assert updates == [
         (1, ("@u:hs", None, "m.push_rules")),
@@ -82,7 +95,7 @@ async def test_union_of_tables_is_merged_in_token_order(database: Database) -> N
     ]
     # Limited across tables: nothing at or below new_upto may be missing.
     updates, upto, limited = await database.run_interaction(
-        get_updates_txn, ACCOUNT_DATA, "a", 0, 10, 1
+        "get_updates", get_updates_txn, ACCOUNT_DATA, "a", 0, 10, 1
     )
     assert limited and [t for t, _ in updates] == list(range(1, upto + 1))
 
@@ -102,8 +115,10 @@ async def test_events_stream_rows_match_synapse_layout(database: Database) -> No
             " (5, 'main', '!r:hs', 'm.room.member', '@u:hs', '$e', NULL)"
         )
 
-    await database.run_interaction(fill)
-    updates, _, _ = await database.run_interaction(get_updates_txn, EVENTS, "main", 0, 5, 10)
+    await database.run_interaction("fill", fill)
+    updates, _, _ = await database.run_interaction(
+        "get_updates", get_updates_txn, EVENTS, "main", 0, 5, 10
+    )
     assert updates == [
         (5, ("ev", ("$e", "!r:hs", "m.room.member", "@u:hs", None, None, "join", False, False))),
         (5, ("state", ("!r:hs", "m.room.member", "@u:hs", "$e"))),
@@ -122,9 +137,9 @@ async def test_backfill_stream_uses_positive_tokens_over_negative_ids(
                 (so, f"$e{so}", False),
             )
 
-    await database.run_interaction(fill)
+    await database.run_interaction("fill", fill)
     updates, upto, limited = await database.run_interaction(
-        get_updates_txn, BACKFILL, "main", 1, 3, 10
+        "get_updates", get_updates_txn, BACKFILL, "main", 1, 3, 10
     )
     assert [t for t, _ in updates] == [2, 3]
     assert updates[0][1][0] == "$e-2"
@@ -136,8 +151,10 @@ async def test_to_device_entities_from_both_tables(database: Database) -> None:
         txn.execute("INSERT INTO device_inbox VALUES (1, 'a', '@u:hs', 'DEV', '{}')")
         txn.execute("INSERT INTO device_federation_outbox VALUES (2, 'a', 'other.hs', 'm', '{}')")
 
-    await database.run_interaction(fill)
-    updates, _, _ = await database.run_interaction(get_updates_txn, TO_DEVICE, "a", 0, 2, 10)
+    await database.run_interaction("fill", fill)
+    updates, _, _ = await database.run_interaction(
+        "get_updates", get_updates_txn, TO_DEVICE, "a", 0, 2, 10
+    )
     assert updates == [(1, ("@u:hs",)), (2, ("other.hs",))]
 
 
@@ -159,11 +176,11 @@ def test_paging_returns_every_row_once_in_order(tokens: list[int], limit: int, s
         db = connect(DatabaseConfig(engine="sqlite", path=path))
         try:
             await prepare_database(db)
-            await db.run_interaction(_insert_caches, [(t, "a") for t in tokens])
+            await db.run_interaction("insert_caches", _insert_caches, [(t, "a") for t in tokens])
             upto, seen, position = 30, [], start
             while True:
                 updates, new_upto, limited = await db.run_interaction(
-                    get_updates_txn, CACHES, "a", position, upto, limit
+                    "get_updates", get_updates_txn, CACHES, "a", position, upto, limit
                 )
                 assert new_upto > position or not limited
                 seen.extend(t for t, _ in updates)

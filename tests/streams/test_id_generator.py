@@ -16,7 +16,7 @@ async def _start_at(database: Database, value: int) -> None:
         t.create_sequence("cache_invalidation_stream_seq")
         t.advance_sequence_to("cache_invalidation_stream_seq", value)
 
-    await database.run_interaction(txn)
+    await database.run_interaction("start_at", txn)
 
 
 async def test_worked_example_from_streams_md(database: Database) -> None:
@@ -121,7 +121,7 @@ async def test_position_listener_sees_stored_positions(database: Database) -> No
             " AND instance_name = 'main'"
         )[0]
 
-    assert await database.run_interaction(stored) == second
+    assert await database.run_interaction("stored", stored) == second
 
 
 async def test_negative_stream_counts_down(database: Database) -> None:
@@ -157,9 +157,10 @@ async def test_restart_recovers_rows_committed_after_last_stored_position(
         pass
     crashed = await OpenReservation.open(gen)
     await database.run_interaction(
+        "test_query",
         lambda t: t.execute(
             "INSERT INTO cache_invalidations VALUES (?, 'main', 'f', NULL, 0)", (crashed.ids[0],)
-        )
+        ),
     )
     # The process dies here: the reservation is never left, the position never stored.
     restarted = await caches_generator(database, "main", ["main"])
@@ -173,7 +174,8 @@ async def test_restart_recovers_rows_committed_after_last_stored_position(
 async def test_restart_with_sequence_behind_the_table(database: Database) -> None:
     """IDs already in the table are never handed out again, even if the sequence lags."""
     await database.run_interaction(
-        lambda t: t.execute("INSERT INTO cache_invalidations VALUES (40, 'main', 'f', NULL, 0)")
+        "test_query",
+        lambda t: t.execute("INSERT INTO cache_invalidations VALUES (40, 'main', 'f', NULL, 0)"),
     )
     gen = await caches_generator(database, "main", ["main"])
     assert gen.get_position("main") == 40
@@ -237,12 +239,12 @@ async def test_run_with_ids_stores_only_safe_positions(database: Database) -> No
         )
         return len(ids)
 
-    ids, written = await gen.run_with_ids(3, write)
+    ids, written = await gen.run_with_ids("test_write", 3, write)
     assert written == 3 and ids == sorted(ids)
     await gen.flush()
     assert gen.get_stored_position() == gen.get_position("main") == ids[-1]
     held = await OpenReservation.open(gen)  # an ID in flight below the next draw
-    more, _ = await gen.run_with_ids(2, write)
+    more, _ = await gen.run_with_ids("test_write", 2, write)
     assert more[0] > held.ids[0]
     await gen.flush()
     assert gen.get_stored_position() < held.ids[0]
@@ -252,7 +254,9 @@ async def test_run_with_ids_stores_only_safe_positions(database: Database) -> No
     assert gen.get_stored_position() == more[-1]
     # A failing body completes its IDs without rows and without announcing them.
     with pytest.raises(RuntimeError):
-        await gen.run_with_ids(1, lambda txn, ids: (_ for _ in ()).throw(RuntimeError("x")))
+        await gen.run_with_ids(
+            "test_write", 1, lambda txn, ids: (_ for _ in ()).throw(RuntimeError("x"))
+        )
     await gen.flush()
     assert not gen.tracker.has_in_flight()
     assert gen.get_stored_position() >= more[-1]

@@ -83,12 +83,13 @@ class Harness:
         gen = await caches_generator(self.db, name, self.writers)
         self.gens[name] = gen
         stored = await self.db.run_interaction(
+            "test_query",
             lambda t: dict(
                 t.query(
                     "SELECT instance_name, stream_id FROM stream_positions"
                     " WHERE stream_name = 'caches'"
                 )
-            )
+            ),
         )
         # Model: a restarted process knows what is stored; its own position is the
         # sequence value (everything it held died with the old process).
@@ -172,12 +173,14 @@ class Harness:
                     self.gens[name].advance(writer, self.gens[writer].get_stored_position())
             for writer in self.writers:
                 await self.gens[writer].store_local_position()
-        sequence_value = await self.db.run_interaction(lambda t: t.sequence_value(CACHES.sequence))
+        sequence_value = await self.db.run_interaction(
+            "test_query", lambda t: t.sequence_value(CACHES.sequence)
+        )
         for name in self.processes:
             assert self.gens[name].get_linear_position() == sequence_value, name
         for writer in self.writers:
             updates, upto, limited = await self.db.run_interaction(
-                get_updates_txn, CACHES, writer, 0, sequence_value, 10_000
+                "get_updates", get_updates_txn, CACHES, writer, 0, sequence_value, 10_000
             )
             assert not limited and upto == sequence_value
             ids = [token for token, _ in updates]

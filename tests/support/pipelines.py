@@ -100,7 +100,7 @@ async def write_events(db: Database, gen: StreamIdGenerator, evs: list[Ev]) -> l
     """Reserve one ID per event, insert them in one transaction, complete. Returns the IDs."""
     async with gen.reserve_many(len(evs)) as ids:
         await db.run_interaction(
-            insert_events_txn, gen.instance_name, list(zip(ids, evs, strict=True))
+            "insert_events", insert_events_txn, gen.instance_name, list(zip(ids, evs, strict=True))
         )
     return ids
 

@@ -315,11 +315,12 @@ class Oracle:
     @classmethod
     async def build(cls, engine: RoomEngine, played: PlayedRoom) -> Oracle:
         rows = await engine.db.run_interaction(
+            "test_query",
             lambda t: t.query(
                 "SELECT event_id, topological_ordering, stream_ordering, outlier,"
                 " rejected_reason, soft_failed FROM events WHERE room_id = ?",
                 (played.room_id,),
-            )
+            ),
         )
         stored = await engine.store.get_events([r[0] for r in rows])
         everything = dict(stored)

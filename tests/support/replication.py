@@ -165,17 +165,18 @@ async def write_invalidations(node: ReplicationNode, count: int, rows_per_fact: 
         names = [f"cache{i}_{j}" for j in range(rows_per_fact)]
         async with generator.reserve() as stream_id:
             await node.engine.db.run_interaction(
-                _invalidate_many_txn, stream_id, node.instance_name, names
+                "invalidate_many", _invalidate_many_txn, stream_id, node.instance_name, names
             )
 
 
 async def db_cache_rows(node: ReplicationNode, writer: str) -> list[tuple[int, list[Any]]]:
     rows = await node.engine.db.run_interaction(
+        "test_query",
         lambda txn: txn.query(
             "SELECT stream_id, cache_func, keys, invalidation_ts FROM cache_invalidations"
             " WHERE instance_name = ? ORDER BY stream_id, cache_func",
             (writer,),
-        )
+        ),
     )
     return [(int(r[0]), [r[1], orjson.loads(r[2]), int(r[3])]) for r in rows]
 

@@ -29,7 +29,7 @@ class OpenReservation:
 
     async def commit(self, database: Database, writer: str) -> None:
         """Write one caches-stream row per ID, then complete."""
-        await database.run_interaction(write_cache_rows, self.ids, writer)
+        await database.run_interaction("write_cache_rows", write_cache_rows, self.ids, writer)
         await self._cm.__aexit__(None, None, None)
 
     async def rollback(self) -> None:

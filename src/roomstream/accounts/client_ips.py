@@ -118,7 +118,7 @@ class ClientIps:
                 )
 
             try:
-                await self.db.run_interaction(txn)
+                await self.db.run_interaction("flush_client_ips", txn)
             except Exception:
                 logger.warning("writing %d client IPs failed; kept for the next batch", len(rows))
                 for key, value in batch.items():
@@ -141,10 +141,11 @@ class ClientIps:
             if key[0] == user_id
         ]
         rows = await self.db.run_interaction(
+            "client_connections",
             lambda t: t.query(
                 "SELECT device_id, ip, user_agent, last_seen FROM user_ips WHERE user_id = ?",
                 (user_id,),
-            )
+            ),
         )
         latest: dict[tuple[str, str], Connection] = {
             (str(d), str(ip)): Connection(str(ip), str(ua), int(seen)) for d, ip, ua, seen in rows

@@ -58,15 +58,16 @@ class OpenIdTokens:
                 (token_hash(token), user_id, now + self.lifetime_ms),
             )
 
-        await self.db.run_interaction(txn)
+        await self.db.run_interaction("openid_issue_token", txn)
         return OpenIdToken(token, self.lifetime_ms // 1000)
 
     async def user_for(self, token: str) -> str | None:
         """The user a live token was issued to; None if unknown or expired."""
         row = await self.db.run_interaction(
+            "openid_token_owner",
             lambda t: t.query_one(
                 "SELECT user_id FROM openid_tokens WHERE token_hash = ? AND expires_ts > ?",
                 (token_hash(token), self._now_ms()),
-            )
+            ),
         )
         return None if row is None else str(row[0])

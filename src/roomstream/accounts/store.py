@@ -75,26 +75,28 @@ class AccountStore:
                 )
             return user_id
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("create_user", txn)
 
     async def registered_by_session(self, session_id: str, since_ms: int) -> str | None:
         """The user a registration through ``session_id`` created at or after
         ``since_ms`` (ms since the epoch), if any."""
         row = await self.db.run_interaction(
+            "registered_by_session",
             lambda t: t.query_one(
                 "SELECT user_id FROM registration_sessions"
                 " WHERE session_id = ? AND created_ts >= ?",
                 (session_id, since_ms),
-            )
+            ),
         )
         return None if row is None else str(row[0])
 
     async def get_user(self, user_id: str) -> UserRecord | None:
         row = await self.db.run_interaction(
+            "get_user",
             lambda t: t.query_one(
                 "SELECT user_id, password_hash, admin, deactivated FROM users WHERE user_id = ?",
                 (user_id,),
-            )
+            ),
         )
         if row is None:
             return None
@@ -127,17 +129,18 @@ class AccountStore:
                 (token_hash, user_id, device_id, _now_ms()),
             )
 
-        await self.db.run_interaction(txn)
+        await self.db.run_interaction("login_device", txn)
 
     async def get_token_owner(self, token_hash: str) -> tuple[str, str] | None:
         """(user ID, device ID) of a live token of an active user, or None."""
         row = await self.db.run_interaction(
+            "get_token_owner",
             lambda t: t.query_one(
                 "SELECT a.user_id, a.device_id FROM access_tokens a"
                 " JOIN users u ON u.user_id = a.user_id"
                 " WHERE a.token_hash = ? AND u.deactivated = ?",
                 (token_hash, False),
-            )
+            ),
         )
         return None if row is None else (row[0], row[1])
 
@@ -158,7 +161,7 @@ class AccountStore:
                 "DELETE FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id)
             )
 
-        await self.db.run_interaction(txn)
+        await self.db.run_interaction("delete_device", txn)
 
     async def delete_all_devices(
         self, user_id: str, also: Callable[[Transaction], None] | None = None
@@ -169,23 +172,25 @@ class AccountStore:
             t.execute("DELETE FROM access_tokens WHERE user_id = ?", (user_id,))
             t.execute("DELETE FROM devices WHERE user_id = ?", (user_id,))
 
-        await self.db.run_interaction(txn)
+        await self.db.run_interaction("delete_all_devices", txn)
 
     async def get_devices(self, user_id: str) -> list[tuple[str, str | None]]:
         rows = await self.db.run_interaction(
+            "get_devices",
             lambda t: t.query(
                 "SELECT device_id, display_name FROM devices WHERE user_id = ? ORDER BY device_id",
                 (user_id,),
-            )
+            ),
         )
         return [(r[0], r[1]) for r in rows]
 
     async def get_device(self, user_id: str, device_id: str) -> tuple[str, str | None] | None:
         row = await self.db.run_interaction(
+            "get_device",
             lambda t: t.query_one(
                 "SELECT device_id, display_name FROM devices WHERE user_id = ? AND device_id = ?",
                 (user_id, device_id),
-            )
+            ),
         )
         return None if row is None else (row[0], row[1])
 
@@ -199,4 +204,4 @@ class AccountStore:
             )
             return t.rowcount > 0
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("rename_device", txn)

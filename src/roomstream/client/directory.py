@@ -358,11 +358,15 @@ class DirectoryReader:
 
     async def search_users(self, searcher: str, search_term: str, limit: int) -> UserSearchResult:
         limit = max(0, min(limit, MAX_SEARCH_LIMIT))
-        return await self.db.run_interaction(search_users_txn, searcher, search_term, limit)
+        return await self.db.run_interaction(
+            "search_users", search_users_txn, searcher, search_term, limit
+        )
 
     async def public_rooms(
         self, limit: int | None, since: str | None, search_term: str | None
     ) -> PublicRoomsPage:
         token = RoomListToken.parse(since) if since else None
         size = MAX_ROOMS_LIMIT if limit is None else max(0, min(limit, MAX_ROOMS_LIMIT))
-        return await self.db.run_interaction(public_rooms_txn, size, token, search_term)
+        return await self.db.run_interaction(
+            "public_rooms", public_rooms_txn, size, token, search_term
+        )

@@ -298,11 +298,12 @@ class LegacyReads:
 
     async def _room_account_data(self, user_id: str, room_id: str) -> list[dict[str, Any]]:
         rows = await self.userdata.db.run_interaction(
+            "room_account_data",
             lambda t: t.query(
                 "SELECT account_data_type, content FROM room_account_data"
                 " WHERE user_id = ? AND room_id = ?",
                 (user_id, room_id),
-            )
+            ),
         )
         return _account_events({str(r[0]): orjson.loads(r[1]) for r in rows})
 
@@ -329,7 +330,7 @@ class LegacyReads:
                 )
             return found
 
-        return await self.store.db.run_interaction(txn)
+        return await self.store.db.run_interaction("public_among", txn)
 
 
 def clamp_limit(limit: int) -> int:

@@ -30,6 +30,9 @@ __all__ = ["Notifier", "Waiter", "keys_for_row"]
 
 logger = logging.getLogger(__name__)
 
+#: The name of the notifier's own reads of new rows (they serve waiting syncs, not a request).
+NOTIFIER_READ = "notifier_new_rows"
+
 #: Which rows wake a sync, per stream: the sync sections' (backfill and caches never do).
 WakeKeys = Callable[[Sequence[Any]], list[str]]
 
@@ -172,7 +175,12 @@ class Notifier:
                 if upto <= start:
                     return
                 updates, upto, _ = await self.streams.get_updates(
-                    stream_name, self.instance_name, start, upto, 10_000
+                    stream_name,
+                    self.instance_name,
+                    start,
+                    upto,
+                    10_000,
+                    transaction_name=NOTIFIER_READ,
                 )
                 self._notified[stream_name] = upto
                 for listener in self.local_row_listeners:

@@ -34,14 +34,15 @@ class ClientStore:
             )
             return filter_id
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("add_filter", txn)
 
     async def get_filter(self, user_id: str, filter_id: int) -> dict[str, object] | None:
         row = await self.db.run_interaction(
+            "get_filter",
             lambda t: t.query_one(
                 "SELECT filter_json FROM user_filters WHERE user_id = ? AND filter_id = ?",
                 (user_id, filter_id),
-            )
+            ),
         )
         if row is None:
             return None
@@ -62,28 +63,31 @@ class ClientStore:
             )
             return True
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("create_alias", txn)
 
     async def get_alias(self, alias: str) -> tuple[str, str] | None:
         """(room ID, creator) of an alias."""
         row = await self.db.run_interaction(
+            "get_alias",
             lambda t: t.query_one(
                 "SELECT room_id, creator FROM room_aliases WHERE room_alias = ?", (alias,)
-            )
+            ),
         )
         return None if row is None else (str(row[0]), str(row[1]))
 
     async def delete_alias(self, alias: str) -> None:
         await self.db.run_interaction(
-            lambda t: t.execute("DELETE FROM room_aliases WHERE room_alias = ?", (alias,))
+            "delete_alias",
+            lambda t: t.execute("DELETE FROM room_aliases WHERE room_alias = ?", (alias,)),
         )
 
     async def get_aliases(self, room_id: str) -> list[str]:
         rows = await self.db.run_interaction(
+            "get_aliases",
             lambda t: t.query(
                 "SELECT room_alias FROM room_aliases WHERE room_id = ? ORDER BY room_alias",
                 (room_id,),
-            )
+            ),
         )
         return [str(r[0]) for r in rows]
 
@@ -91,25 +95,28 @@ class ClientStore:
 
     async def forget(self, user_id: str, room_id: str) -> None:
         await self.db.run_interaction(
+            "forget_room",
             lambda t: t.execute(
                 "INSERT INTO room_forgotten (user_id, room_id) VALUES (?, ?)"
                 " ON CONFLICT (user_id, room_id) DO NOTHING",
                 (user_id, room_id),
-            )
+            ),
         )
 
     async def unforget(self, user_id: str, room_id: str) -> None:
         await self.db.run_interaction(
+            "unforget_room",
             lambda t: t.execute(
                 "DELETE FROM room_forgotten WHERE user_id = ? AND room_id = ?", (user_id, room_id)
-            )
+            ),
         )
 
     async def forgotten_rooms(self, user_id: str, room_ids: Sequence[str]) -> set[str]:
         if not room_ids:
             return set()
         rows = await self.db.run_interaction(
-            lambda t: t.query("SELECT room_id FROM room_forgotten WHERE user_id = ?", (user_id,))
+            "forgotten_rooms",
+            lambda t: t.query("SELECT room_id FROM room_forgotten WHERE user_id = ?", (user_id,)),
         )
         wanted = set(room_ids)
         return {str(r[0]) for r in rows} & wanted
@@ -118,4 +125,4 @@ class ClientStore:
 
     async def set_room_public(self, room_id: str, public: bool) -> None:
         # The rooms table's one writer is the persister's module (storage/owners.py).
-        await self.db.run_interaction(set_room_public_txn, room_id, public)
+        await self.db.run_interaction("set_room_public", set_room_public_txn, room_id, public)

@@ -250,7 +250,7 @@ class UnreadCounter:
             if self.reader.rooms_changed_since((r,), known[r].checked_at)
         }
         found: dict[str, _Counted] = await self.reader.db.run_interaction(
-            _counts_txn, rules, user_id, sorted(room_ids), known, grown, checked_at
+            "unread_counts", _counts_txn, rules, user_id, sorted(room_ids), known, grown, checked_at
         )
         result = {}
         for room_id, counted in found.items():

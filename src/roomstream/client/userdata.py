@@ -76,7 +76,7 @@ class UserData:
                     (ids[0], instance, user_id, room_id, data_type, raw),
                 )
 
-        ids, _ = await self._writer("account_data").run_with_ids(1, txn)
+        ids, _ = await self._writer("account_data").run_with_ids("put_account_data", 1, txn)
         return int(ids[0])
 
     async def get_account_data(
@@ -91,7 +91,7 @@ class UserData:
                 " WHERE user_id = ? AND room_id = ? AND account_data_type = ?"
             )
             params = (user_id, room_id, data_type)
-        row = await self.db.run_interaction(lambda t: t.query_one(sql, params))
+        row = await self.db.run_interaction("get_account_data", lambda t: t.query_one(sql, params))
         if row is None:
             return None
         value = orjson.loads(row[0])
@@ -115,7 +115,7 @@ class UserData:
             )
             return global_rows, room_rows
 
-        global_rows, room_rows = await self.db.run_interaction(txn)
+        global_rows, room_rows = await self.db.run_interaction("account_data_since", txn)
         per_room: dict[str, dict[str, dict[str, Any]]] = {}
         for room_id, data_type, content in room_rows:
             per_room.setdefault(room_id, {})[data_type] = orjson.loads(content)
@@ -125,10 +125,11 @@ class UserData:
         """Forget every message queued for a deleted device (any process may: the rows
         only leave the table, the stream's facts stay)."""
         await self.db.run_interaction(
+            "drop_device_inbox",
             lambda t: t.execute(
                 "DELETE FROM device_inbox WHERE user_id = ? AND device_id = ?",
                 (user_id, device_id),
-            )
+            ),
         )
 
     # -- receipts ----------------------------------------------------------------------
@@ -157,7 +158,7 @@ class UserData:
                 (ids[0], instance, room_id, receipt_type, user_id, event_id, thread_id, data),
             )
 
-        ids, _ = await self._writer("receipts").run_with_ids(1, txn)
+        ids, _ = await self._writer("receipts").run_with_ids("put_receipt", 1, txn)
         return int(ids[0])
 
     async def receipts_since(
@@ -188,7 +189,7 @@ class UserData:
             event_id,
             thread_id,
             data,
-        ) in await self.db.run_interaction(txn):
+        ) in await self.db.run_interaction("receipts_since", txn):
             receipt = orjson.loads(data)
             if thread_id is not None:
                 receipt["thread_id"] = thread_id
@@ -237,7 +238,7 @@ class UserData:
             )
             return True
 
-        _, sent = await self._writer("to_device").run_with_ids(1, txn)
+        _, sent = await self._writer("to_device").run_with_ids("send_to_device", 1, txn)
         return bool(sent)
 
     async def to_device_messages(
@@ -264,7 +265,7 @@ class UserData:
                 rows = [r for r in rows if int(r[0]) <= end]
             return [orjson.loads(r[1]) for r in rows], end
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("to_device_messages", txn)
 
 
 def _record_transaction(

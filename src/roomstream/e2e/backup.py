@@ -76,7 +76,7 @@ class KeyBackup:
 
     async def create_version(self, user_id: str, algorithm: str, auth_data: Any) -> str:
         version = await self.db.run_interaction(
-            bs.create_version_txn, user_id, algorithm, auth_data
+            "backup_create_version", bs.create_version_txn, user_id, algorithm, auth_data
         )
         return str(version)
 
@@ -100,7 +100,7 @@ class KeyBackup:
                 "count": bs.count_keys_txn(t, user_id, number),
             }
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("backup_get_version", txn)
 
     async def update_version(
         self, user_id: str, version: str, algorithm: str, auth_data: Any, body_version: Any
@@ -117,7 +117,7 @@ class KeyBackup:
                 raise InvalidParamError("algorithm cannot be changed")
             bs.update_version_txn(t, user_id, number, auth_data)
 
-        await self.db.run_interaction(txn)
+        await self.db.run_interaction("backup_update_version", txn)
 
     async def delete_version(self, user_id: str, version: str) -> None:
         number = parse_version(version)
@@ -127,7 +127,7 @@ class KeyBackup:
                 raise _no_backup()
             bs.delete_version_txn(t, user_id, number)
 
-        await self.db.run_interaction(txn)
+        await self.db.run_interaction("backup_delete_version", txn)
 
     # -- keys -----------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ class KeyBackup:
                 etag += 1
             return {"etag": str(etag), "count": bs.count_keys_txn(t, user_id, number)}
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("backup_put_keys", txn)
 
     async def get_keys(
         self, user_id: str, version: str | None, room_id: str | None, session_id: str | None
@@ -167,7 +167,7 @@ class KeyBackup:
                 raise _no_backup()
             return bs.get_keys_txn(t, user_id, number, room_id, session_id)
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("backup_get_keys", txn)
 
     async def delete_keys(
         self, user_id: str, version: str | None, room_id: str | None, session_id: str | None
@@ -184,7 +184,7 @@ class KeyBackup:
                 etag += 1
             return {"etag": str(etag), "count": bs.count_keys_txn(t, user_id, number)}
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("backup_delete_keys", txn)
 
 
 def sessions_json(stored: list[bs.StoredSession]) -> dict[str, Any]:

@@ -144,9 +144,9 @@ class E2eKeys:
     def writes_device_lists(self) -> bool:
         return self.stream.is_writer()
 
-    async def _write(self, func: Callable[[Transaction], tuple[set[str], R]]) -> R:
+    async def _write(self, name: str, func: Callable[[Transaction], tuple[set[str], R]]) -> R:
         """Run ``func`` (returning (users whose device lists changed, result)) in one
-        transaction with the ``device_lists`` row it calls for."""
+        transaction named ``name``, with the ``device_lists`` row it calls for."""
         if not self.stream.is_writer():
             raise BadRequestError(f"{self.stream.instance_name} does not write device_lists")
         instance = self.stream.instance_name
@@ -157,7 +157,7 @@ class E2eKeys:
                 device_lists.append_txn(t, ids[0], instance, changed)
             return result
 
-        _, result = await self.stream.run_with_ids(1, txn)
+        _, result = await self.stream.run_with_ids(name, 1, txn)
         return result
 
     async def changed_since(
@@ -183,7 +183,7 @@ class E2eKeys:
                 left = moved - sharing - {user_id}
             return changed, left
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("device_list_changes_since", txn)
 
     # -- device keys, one-time keys, fallback keys --------------------------------------
 
@@ -222,14 +222,16 @@ class E2eKeys:
             return changed, dk.one_time_key_counts_txn(t, user_id, device_id)
 
         if keys is None:  # no device_lists row possible: any process may write it
-            _, counts = await self.db.run_interaction(txn)
+            _, counts = await self.db.run_interaction("e2e_upload_keys", txn)
         else:
-            counts = await self._write(txn)
+            counts = await self._write("e2e_upload_keys", txn)
         # Synapse always reports signed_curve25519 (clients top up from 0).
         return {"signed_curve25519": 0, **counts}
 
     async def one_time_key_counts(self, user_id: str, device_id: str) -> dict[str, int]:
-        counts = await self.db.run_interaction(dk.one_time_key_counts_txn, user_id, device_id)
+        counts = await self.db.run_interaction(
+            "e2e_one_time_key_counts", dk.one_time_key_counts_txn, user_id, device_id
+        )
         return {"signed_curve25519": 0, **counts}
 
     async def key_status(self, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
@@ -242,10 +244,12 @@ class E2eKeys:
                 t, user_id, device_id
             )
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("e2e_key_status", txn)
 
     async def unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
-        return await self.db.run_interaction(dk.unused_fallback_key_types_txn, user_id, device_id)
+        return await self.db.run_interaction(
+            "e2e_unused_fallback_key_types", dk.unused_fallback_key_types_txn, user_id, device_id
+        )
 
     async def query(self, requester: str, wanted: Mapping[str, list[str]]) -> dict[str, Any]:
         """``POST /keys/query``: ``wanted`` maps user -> device IDs (empty: all)."""
@@ -273,7 +277,7 @@ class E2eKeys:
                     result[f"{kind}_keys"][user_id] = merged
             return result
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("e2e_query_keys", txn)
 
     async def claim(self, wanted: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
         """``POST /keys/claim``: user -> device -> algorithm; one key per device."""
@@ -292,7 +296,7 @@ class E2eKeys:
                         }
             return {"one_time_keys": claimed, "failures": {}}
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("e2e_claim_keys", txn)
 
     async def device_deleted(self, user_id: str, device_ids: list[str]) -> None:
         """Forget the keys of deleted devices and tell the user's contacts."""
@@ -306,14 +310,14 @@ class E2eKeys:
                 dk.delete_device_keys_txn(t, user_id, device_id)
             return {user_id}, None
 
-        await self._write(txn)
+        await self._write("device_deleted", txn)
 
     async def device_renamed(self, user_id: str) -> None:
         if self._forwards():
             assert self._forward is not None
             await self._forward("device_renamed", {"user_id": user_id})
             return
-        await self._write(lambda t: ({user_id}, None))
+        await self._write("device_renamed", lambda t: ({user_id}, None))
 
     # -- cross-signing --------------------------------------------------------------------
 
@@ -328,7 +332,9 @@ class E2eKeys:
             await self._forward("upload_cross_signing", args)
             return
         uploaded = {k: body[k] for k in CROSS_SIGNING_USAGES if body.get(k) is not None}
-        current = await self.db.run_interaction(xs.cross_signing_keys_txn, user_id)
+        current = await self.db.run_interaction(
+            "e2e_cross_signing_keys", xs.cross_signing_keys_txn, user_id
+        )
         master = uploaded.get("master_key")
         if master is not None:
             check_cross_signing_key(master, user_id, "master_key", None)
@@ -351,7 +357,7 @@ class E2eKeys:
                 )
             return ({user_id} if uploaded else set()), None
 
-        await self._write(txn)
+        await self._write("e2e_upload_cross_signing", txn)
 
     async def upload_signatures(self, requester: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /keys/signatures/upload``: each signature by ``requester`` is checked
@@ -415,5 +421,5 @@ class E2eKeys:
                         changed.add(user_id)
             return changed, None
 
-        await self._write(txn)
+        await self._write("e2e_upload_signatures", txn)
         return {"failures": failures}

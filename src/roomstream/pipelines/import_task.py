@@ -571,7 +571,7 @@ async def persist_rooms(
             result.outliers,
             result.state_groups,
             result.branches,
-        ) = await db.run_interaction(_counts_txn)
+        ) = await db.run_interaction("import_part_counts", _counts_txn)
         if highest != result.events:
             raise RuntimeError(f"part database {path}: stream orderings are not 1..n")
     finally:

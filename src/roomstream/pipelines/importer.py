@@ -342,7 +342,7 @@ async def _existing_rooms(target: DatabaseConfig, rooms: list[str]) -> frozenset
     db = connect(target)
     try:
         await prepare_database(db)
-        return await db.run_interaction(_existing_rooms_txn, sorted(rooms))
+        return await db.run_interaction("existing_rooms", _existing_rooms_txn, sorted(rooms))
     finally:
         await db.close()
 
@@ -391,7 +391,7 @@ async def _add_to_existing(
             store, streams, settings.instance_name, server_name=settings.server_name
         )
         room_ids = sorted(rooms)
-        outliers_before = await db.run_interaction(_outliers_txn, room_ids)
+        outliers_before = await db.run_interaction("import_outliers", _outliers_txn, room_ids)
         window = asyncio.Semaphore(max(1, settings.rooms_in_flight))
         results: list[PersistedEvent] = []
 
@@ -410,7 +410,7 @@ async def _add_to_existing(
                 )
 
         await asyncio.gather(*(one_room(r) for r in room_ids))
-        outliers_after = await db.run_interaction(_outliers_txn, room_ids)
+        outliers_after = await db.run_interaction("import_outliers", _outliers_txn, room_ids)
     finally:
         await db.close()
     new = [r for r in results if r.new]
@@ -449,7 +449,10 @@ async def _load(
         streams = await StreamSet.open(db, instance_name, stream_writers)
         generator = streams.generator("backfill" if backfill else "events")
         groups, branches = await db.run_interaction(
-            _reserve_ids_txn, sum(p.state_groups for p in parts), sum(p.branches for p in parts)
+            "reserve_ids",
+            _reserve_ids_txn,
+            sum(p.state_groups for p in parts),
+            sum(p.branches for p in parts),
         )
         done = 0
 

@@ -54,7 +54,7 @@ def forget_sink(config: DatabaseConfig, sink_name: str) -> None:
     """Drop a sink's bookkeeping (before reusing its name with a fresh checkpoint)."""
     db = connect(config)
     try:
-        db.run_interaction_blocking(forget_sink_txn, sink_name)
+        db.run_interaction_blocking("forget_sink", forget_sink_txn, sink_name)
     finally:
         db.close_blocking()
 
@@ -92,11 +92,13 @@ class DatabaseSink(Generic[T]):
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         db = self.database
-        if db.run_interaction_blocking(batch_applied_txn, self.sink_name, batch_id):
+        if db.run_interaction_blocking(
+            "sink_batch_applied", batch_applied_txn, self.sink_name, batch_id
+        ):
             self.skipped.append(batch_id)  # a replay: cheap early exit, no Spark work
             return
         payload = self._prepare(df, batch_id)
-        if db.run_interaction_blocking(self._apply_txn, batch_id, payload):
+        if db.run_interaction_blocking("apply_sink_batch", self._apply_txn, batch_id, payload):
             self.applied.append(batch_id)
         else:
             self.skipped.append(batch_id)

@@ -189,7 +189,7 @@ def read_snapshot(config: DatabaseConfig) -> ViewSnapshot:
     """The view tables as they are now."""
     db = connect(config)
     try:
-        return db.run_interaction_blocking(read_snapshot_txn)
+        return db.run_interaction_blocking("read_snapshot", read_snapshot_txn)
     finally:
         db.close_blocking()
 
@@ -599,7 +599,7 @@ class ViewsSink(DatabaseSink[ViewBatch]):
 
     def _committed(self, batch_id: int) -> None:
         if self.parquet_path and self._spark is not None and batch_id % self.parquet_every == 0:
-            snap = self.database.run_interaction_blocking(read_snapshot_txn)
+            snap = self.database.run_interaction_blocking("read_snapshot", read_snapshot_txn)
             export_parquet(self._spark, snap, self.parquet_path)
         if self._user_after_commit is not None:
             self._user_after_commit(batch_id)
@@ -792,7 +792,11 @@ def compute_views(
     )
     db = connect(config)
     try:
-        contents = db.run_interaction_blocking(lookup.get_contents, wanted) if wanted else {}
+        contents = (
+            db.run_interaction_blocking("get_contents", lookup.get_contents, wanted)
+            if wanted
+            else {}
+        )
     finally:
         db.close_blocking()
 
@@ -857,7 +861,7 @@ def rebuild_views(
     if write:
         db = connect(config)
         try:
-            db.run_interaction_blocking(write_snapshot_txn, snap)
+            db.run_interaction_blocking("write_snapshot", write_snapshot_txn, snap)
         finally:
             db.close_blocking()
     if parquet_path:

@@ -136,7 +136,7 @@ class VisibilityBackfill:
         batches = 0
         if reset:
             while await self.db.run_interaction(
-                delete_newest_records_txn, room_id, self.batch_size
+                "delete_newest_records", delete_newest_records_txn, room_id, self.batch_size
             ):
                 batches += 1
             batches += 1
@@ -146,33 +146,34 @@ class VisibilityBackfill:
         events = 0
         while True:
             count, more, cursor = await self.db.run_interaction(
-                self._fill_batch_txn, room_id, cursor, recorder, states
+                "fill_batch", self._fill_batch_txn, room_id, cursor, recorder, states
             )
             batches += 1
             events += count
             if not more:
                 break
         await self.db.run_interaction(
+            "rebuild_room",
             lambda t: t.execute(
                 "DELETE FROM visibility_backfill_rooms WHERE room_id = ?", (room_id,)
-            )
+            ),
         )
         return RebuildSummary(1, events, batches)
 
     async def rebuild_all(self, *, reset: bool = False) -> RebuildSummary:
         """:meth:`rebuild_room` for every room that has events, one after the other."""
         rooms = events = batches = 0
-        room_id = await self.db.run_interaction(_next_room_txn, None)
+        room_id = await self.db.run_interaction("next_room", _next_room_txn, None)
         while room_id is not None:
             done = await self.rebuild_room(room_id, reset=reset)
             rooms, events, batches = rooms + 1, events + done.events, batches + done.batches
-            room_id = await self.db.run_interaction(_next_room_txn, room_id)
+            room_id = await self.db.run_interaction("next_room", _next_room_txn, room_id)
         return RebuildSummary(rooms, events, batches)
 
     async def pending_rooms(self) -> int:
         """How many rooms still wait for :meth:`run_pending`."""
         row = await self.db.run_interaction(
-            lambda t: t.query_one("SELECT COUNT(*) FROM visibility_backfill_rooms")
+            "pending_rooms", lambda t: t.query_one("SELECT COUNT(*) FROM visibility_backfill_rooms")
         )
         return int(row[0])
 
@@ -183,7 +184,7 @@ class VisibilityBackfill:
         rooms = events = batches = 0
         after: str | None = None
         while True:
-            room_id = await self.db.run_interaction(_next_pending_txn, after)
+            room_id = await self.db.run_interaction("next_pending", _next_pending_txn, after)
             if room_id is None:
                 break
             done = await self.rebuild_room(room_id)

@@ -90,7 +90,7 @@ class ChangeTracker:
         if cached is not None and not self.member_changes.has_entity_changed(user_id, cached[0]):
             return cached[1]
         loaded_at = min(self.ingested.values(), default=0)
-        rooms = await self.db.run_interaction(_rooms_for_user_txn, user_id)
+        rooms = await self.db.run_interaction("rooms_for_user", _rooms_for_user_txn, user_id)
         self._rooms_of[user_id] = (loaded_at, rooms)
         if len(self._rooms_of) > 100_000:
             self._rooms_of.pop(next(iter(self._rooms_of)))

@@ -43,7 +43,7 @@ class ContextReads(EventRead):
             if n < 0 or n > MAX_LIMIT:
                 raise InvalidParamError(f"limit must be 0..{MAX_LIMIT}")
         raw = await self.db.run_interaction(
-            self._context_txn, user_id, room_id, event_id, before, after, device_id
+            "event_context", self._context_txn, user_id, room_id, event_id, before, after, device_id
         )
         if raw is None:
             raise NotFoundError("event not found")

@@ -258,7 +258,9 @@ class SingleEvents(EventRead):
 
         Outliers are served only when they are the user's own membership events (an
         invite received out of band)."""
-        raw = await self.db.run_interaction(self._get_event_txn, user_id, event_id, device_id)
+        raw = await self.db.run_interaction(
+            "get_event", self._get_event_txn, user_id, event_id, device_id
+        )
         if raw is None:
             return None
         replaces, loaded = raw
@@ -298,4 +300,4 @@ class SingleEvents(EventRead):
                 return False
             return _load_views_txn(t, [found[0]], user_id)[0][found[0]].visible(found[1])
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("is_visible", txn)

@@ -137,6 +137,7 @@ class LatestRooms(EventRead):
                 known[room_id] = position
         others = tuple(m for m in memberships if m != "join")
         raw = await self.db.run_interaction(
+            "latest_rooms",
             self._latest_txn, user_id, room_limit, event_limit, cursor, state, joined, known,
             horizon, others, device_id,
         )  # fmt: skip

@@ -40,7 +40,9 @@ class Members(EventRead):
         their leave at the latest; one who never joined only a ``world_readable`` room's.
         ``M_FORBIDDEN`` otherwise. Filtered by ``membership`` / ``not_membership``, and
         to the member events of ``users`` (lazy-loading members of ``/messages``)."""
-        raw = await self.db.run_interaction(self._members_txn, user_id, room_id, at, users)
+        raw = await self.db.run_interaction(
+            "room_members", self._members_txn, user_id, room_id, at, users
+        )
         if raw is None:
             raise ForbiddenError("you may not see the members of this room")
         member_ids, loaded = raw

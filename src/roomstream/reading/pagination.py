@@ -31,7 +31,7 @@ class Pagination(EventRead):
     async def position_of_event(self, room_id: str, event_id: str) -> RoomPosition:
         """The point just before a timeline event (paginate from an event with it);
         ``M_NOT_FOUND`` if the room has no such timeline event."""
-        row = await self.db.run_interaction(_timeline_row_txn, event_id)
+        row = await self.db.run_interaction("timeline_row", _timeline_row_txn, event_id)
         if row is None or row[0] != room_id:
             raise NotFoundError(f"no event {event_id} in {room_id}")
         return RoomPosition.of_event(row[1].topo, row[1].stream)
@@ -61,6 +61,7 @@ class Pagination(EventRead):
             raise InvalidParamError("direction must be 'b' or 'f'")
         backwards = direction == "b"
         rows, loaded = await self.db.run_interaction(
+            "paginate",
             self._paginate_txn, user_id, room_id, from_token, backwards, limit, to_token,
             device_id,
         )  # fmt: skip
@@ -98,7 +99,12 @@ class Pagination(EventRead):
         if not room_ids:
             return {}
         rows_by_room, loaded = await self.db.run_interaction(
-            self._latest_pages_txn, user_id, list(dict.fromkeys(room_ids)), limit, device_id
+            "latest_pages",
+            self._latest_pages_txn,
+            user_id,
+            list(dict.fromkeys(room_ids)),
+            limit,
+            device_id,
         )
         self._complete(loaded)
         now = self._now()

@@ -89,7 +89,7 @@ class RoomStateReads(EventRead):
         leave (or ban) event; anyone else (invited, never joined) the current state of a
         ``world_readable`` room only, as a peek (``membership`` None). ``M_FORBIDDEN``
         otherwise, and for a room this server does not know."""
-        raw = await self.db.run_interaction(self._room_state_txn, user_id, room_id)
+        raw = await self.db.run_interaction("room_state", self._room_state_txn, user_id, room_id)
         if raw is None:
             raise ForbiddenError(f"user {user_id} may not see room {room_id}")
         membership, member_event, state_ids, loaded = raw

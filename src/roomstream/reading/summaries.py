@@ -125,7 +125,7 @@ class RoomSummaries:
                 known[room_id] = entry[1]
         missing = sorted(r for r in room_ids if r not in known)
         if missing:
-            read = await self.db.run_interaction(_summaries_txn, missing)
+            read = await self.db.run_interaction("summaries", _summaries_txn, missing)
             for room_id, summary in read.items():
                 known[room_id] = summary
                 cache[room_id] = (checked_at, summary)

@@ -168,6 +168,7 @@ class NewEvents(EventRead):
         if not candidates and not members_changed:
             return SyncResult(upto.advance(since), {}, [])
         raw = await self.db.run_interaction(
+            "sync_timelines",
             self._sync_txn, user_id, candidates, members_changed, since, upto, timeline_limit,
             device_id, full_state, lazy_members,
         )  # fmt: skip

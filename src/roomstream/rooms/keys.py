@@ -174,14 +174,14 @@ class ServerKeyStore:
         b64 = encode_base64(key.encode())  # normalised: unpadded standard base64
         return bool(
             await self.db.run_interaction(
-                _add_txn, server_name, key_id_, b64, int(time.time() * 1000)
+                "add_server_key", _add_txn, server_name, key_id_, b64, int(time.time() * 1000)
             )
         )
 
     async def key_map(self, servers: Iterable[str] | None = None) -> KeyMap:
         """Every known key (local ones included), or those of ``servers``."""
         wanted = None if servers is None else sorted(set(servers))
-        stored = await self.db.run_interaction(_load_txn, wanted)
+        stored = await self.db.run_interaction("server_key_map", _load_txn, wanted)
         local = {s: k for s, k in self.local.items() if wanted is None or s in wanted}
         return merge_key_maps(local, stored)
 

@@ -505,7 +505,7 @@ class EventPersister:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(p.future)
         ids = await self.db.run_interaction(
-            _outlier_descendants_txn, room_id, [e.event_id for e in fresh]
+            "outlier_descendants", _outlier_descendants_txn, room_id, [e.event_id for e in fresh]
         )
         if not ids:
             return []
@@ -536,7 +536,9 @@ class EventPersister:
                 work += next_work
             generator = self.streams.generator("backfill" if backfilled else "events")
             try:
-                orderings, _ = await generator.run_with_ids(count, self._commit_txn, batch)
+                orderings, _ = await generator.run_with_ids(
+                    "persist_events", count, self._commit_txn, batch
+                )
             except BaseException as exc:
                 failed_rooms = {p.room.room_id for p in batch}
                 dependents = [p for p in self._queue if p.room.room_id in failed_rooms]
@@ -591,7 +593,7 @@ class EventPersister:
         room: _Room | None = self._rooms.get_recent(room_id)
         if room is not None:
             return room
-        loaded = await self.db.run_interaction(_load_room_txn, room_id)
+        loaded = await self.db.run_interaction("load_room", _load_room_txn, room_id)
         if loaded is None:
             create = next((e for e in batch if e.type == EventTypes.CREATE), None)
             if create is None:
@@ -625,7 +627,7 @@ class EventPersister:
             ref = ref.group_id  # created and committed by an earlier batch
         cached: StateMap | None = self._states.get_recent(str(ref))
         if cached is None:
-            cached = await self.db.run_interaction(get_state_txn, ref)
+            cached = await self.db.run_interaction("get_state", get_state_txn, ref)
             self._states.put(str(ref), cached)
         return cached
 
@@ -686,7 +688,7 @@ class EventPersister:
         # extremities (as in Synapse, outliers, rejected and soft-failed events don't count:
         # they never take their prev events' place).
         named_as_prev: set[str] = (
-            set() if local else await self.db.run_interaction(_referenced_txn, ids)
+            set() if local else await self.db.run_interaction("referenced", _referenced_txn, ids)
         )
         extremities: dict[str, GroupRef] = dict(room.extremities)
         current, current_group = room.current, room.current_group

@@ -155,7 +155,7 @@ class EventStore:
         # Many events are read in several interactions, so that other rooms' reads and
         # commits can run between them instead of waiting for one long read.
         for part in chunks(missing, READ_SLICE_EVENTS):
-            loaded = await self.db.run_interaction(load_events_txn, part)
+            loaded = await self.db.run_interaction("load_events", load_events_txn, part)
             for event_id, event in loaded.items():
                 self._events.put(event_id, event)
             found.update(loaded)
@@ -177,12 +177,13 @@ class EventStore:
     async def get_event_raw(self, event_id: str) -> bytes | None:
         """The exact bytes the event was received or created as."""
         row = await self.db.run_interaction(
-            lambda t: t.query_one("SELECT json FROM event_json WHERE event_id = ?", (event_id,))
+            "get_event_raw",
+            lambda t: t.query_one("SELECT json FROM event_json WHERE event_id = ?", (event_id,)),
         )
         return None if row is None else bytes(row[0])
 
     async def get_meta(self, event_ids: Iterable[str]) -> dict[str, EventMeta]:
-        return await self.db.run_interaction(load_meta_txn, list(event_ids))
+        return await self.db.run_interaction("load_meta", load_meta_txn, list(event_ids))
 
     async def have_events(self, event_ids: Iterable[str]) -> set[str]:
         ids = list(dict.fromkeys(event_ids))
@@ -197,28 +198,30 @@ class EventStore:
                 seen.update(r[0] for r in rows)
             return seen
 
-        return await self.db.run_interaction(txn) if ids else set()
+        return await self.db.run_interaction("have_events", txn) if ids else set()
 
     # -- rooms -----------------------------------------------------------------------
 
     async def get_room_version(self, room_id: str) -> RoomVersion | None:
         row = await self.db.run_interaction(
-            lambda t: t.query_one("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,))
+            "get_room_version",
+            lambda t: t.query_one("SELECT room_version FROM rooms WHERE room_id = ?", (room_id,)),
         )
         return None if row is None else room_version(row[0])
 
     async def get_forward_extremities(self, room_id: str) -> list[str]:
         rows = await self.db.run_interaction(
+            "get_forward_extremities",
             lambda t: t.query(
                 "SELECT event_id FROM event_forward_extremities WHERE room_id = ?"
                 " ORDER BY event_id",
                 (room_id,),
-            )
+            ),
         )
         return [r[0] for r in rows]
 
     async def get_current_state(self, room_id: str) -> StateMap:
-        return await self.db.run_interaction(current_state_txn, room_id)
+        return await self.db.run_interaction("get_current_state", current_state_txn, room_id)
 
     async def get_current_state_and_membership(
         self, room_id: str, user_id: str
@@ -238,44 +241,47 @@ class EventStore:
                     membership = member
             return state, membership
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("get_current_state_and_membership", txn)
 
     async def get_current_state_entry(self, room_id: str, key: StateKey) -> str | None:
         """The event ID of one (type, state_key) of the room's current state."""
         row = await self.db.run_interaction(
+            "get_current_state_entry",
             lambda t: t.query_one(
                 "SELECT event_id FROM current_state_events"
                 " WHERE room_id = ? AND type = ? AND state_key = ?",
                 (room_id, key[0], key[1]),
-            )
+            ),
         )
         return None if row is None else str(row[0])
 
     async def get_membership(self, room_id: str, user_id: str) -> str | None:
         """The user's membership in the room's current state (None: no member event)."""
         row = await self.db.run_interaction(
+            "get_membership",
             lambda t: t.query_one(
                 "SELECT membership FROM current_state_events"
                 " WHERE room_id = ? AND type = 'm.room.member' AND state_key = ?",
                 (room_id, user_id),
-            )
+            ),
         )
         return None if row is None else row[0]
 
     async def get_rooms_for_user(self, user_id: str, membership: str = "join") -> list[str]:
         rows = await self.db.run_interaction(
+            "get_rooms_for_user",
             lambda t: t.query(
                 "SELECT room_id FROM current_state_events WHERE type = 'm.room.member'"
                 " AND state_key = ? AND membership = ? ORDER BY room_id",
                 (user_id, membership),
-            )
+            ),
         )
         return [r[0] for r in rows]
 
     # -- state at events ---------------------------------------------------------------
 
     async def get_state_groups(self, event_ids: Iterable[str]) -> dict[str, tuple[int, int]]:
-        return await self.db.run_interaction(state_groups_txn, list(event_ids))
+        return await self.db.run_interaction("state_groups", state_groups_txn, list(event_ids))
 
     async def get_state_at(self, event_id: str, *, before: bool = False) -> StateMap:
         """The room state after (or before) an event. LookupError for outliers/unknown."""
@@ -286,7 +292,7 @@ class EventStore:
                 raise LookupError(f"no state stored for {event_id}")
             return get_state_txn(t, groups[0] if before else groups[1])
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("get_state_at", txn)
 
     async def get_state_entry_at(
         self, event_id: str, key: StateKey, *, before: bool = False
@@ -299,7 +305,7 @@ class EventStore:
                 raise LookupError(f"no state stored for {event_id}")
             return get_state_entry_txn(t, groups[0] if before else groups[1], key)
 
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("get_state_entry_at", txn)
 
     # -- walking the DAG ---------------------------------------------------------------
 
@@ -308,7 +314,9 @@ class EventStore:
     ) -> list[str]:
         """Event IDs from ``from_event_ids`` back through their ancestors, newest first by
         (depth, stream ordering), at most ``limit`` (the starting events included)."""
-        return await self.db.run_interaction(_backfill_txn, room_id, list(from_event_ids), limit)
+        return await self.db.run_interaction(
+            "backfill", _backfill_txn, room_id, list(from_event_ids), limit
+        )
 
     async def get_missing_events(
         self,
@@ -320,7 +328,12 @@ class EventStore:
         """Walking back from ``latest_event_ids`` (excluded) without going past any of
         ``earliest_event_ids``: the newest ``limit`` events found, returned oldest first."""
         return await self.db.run_interaction(
-            _missing_txn, room_id, list(earliest_event_ids), list(latest_event_ids), limit
+            "missing_events_between",
+            _missing_txn,
+            room_id,
+            list(earliest_event_ids),
+            list(latest_event_ids),
+            limit,
         )
 
     async def paginate_backwards(
@@ -333,6 +346,7 @@ class EventStore:
         """
         topo, stream = before if before is not None else (2**62, 2**62)
         rows = await self.db.run_interaction(
+            "paginate_backwards",
             lambda t: t.query(
                 "SELECT event_id, topological_ordering, stream_ordering FROM events"
                 " WHERE room_id = ? AND outlier = ? AND soft_failed = ?"
@@ -341,7 +355,7 @@ class EventStore:
                 " AND stream_ordering < ?))"
                 " ORDER BY topological_ordering DESC, stream_ordering DESC LIMIT ?",
                 (room_id, False, False, topo, topo, stream, limit),
-            )
+            ),
         )
         return [(r[0], int(r[1]), int(r[2])) for r in rows]
 

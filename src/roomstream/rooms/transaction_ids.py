@@ -52,7 +52,9 @@ class TransactionIds:
         the record in the event's own transaction (``EventPersister``)."""
         now = int(self._clock() * 1000)
         records = {event_id: (user_id, device_id, txn_id)}
-        await self.db.run_interaction(lambda t: record_txn(t, room_id, records, now))
+        await self.db.run_interaction(
+            "record_transaction_id", lambda t: record_txn(t, room_id, records, now)
+        )
 
     async def transactions_of_device(
         self, room_id: str, user_id: str, device_id: str, limit: int
@@ -60,11 +62,12 @@ class TransactionIds:
         """Transaction ID -> event ID of every send of this device in the room; None if
         there are more than ``limit``."""
         rows = await self.db.run_interaction(
+            "transactions_of_device",
             lambda t: t.query(
                 "SELECT txn_id, event_id FROM event_txn_ids WHERE room_id = ? AND user_id = ?"
                 " AND device_id = ? LIMIT ?",
                 (room_id, user_id, device_id, limit + 1),
-            )
+            ),
         )
         if len(rows) > limit:
             return None
@@ -75,10 +78,11 @@ class TransactionIds:
     ) -> str | None:
         """The event a device already sent with this transaction ID (idempotent sends)."""
         row = await self.db.run_interaction(
+            "event_for_transaction",
             lambda t: t.query_one(
                 "SELECT event_id FROM event_txn_ids WHERE room_id = ? AND user_id = ?"
                 " AND device_id = ? AND txn_id = ?",
                 (room_id, user_id, device_id, txn_id),
-            )
+            ),
         )
         return None if row is None else str(row[0])

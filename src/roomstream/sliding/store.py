@@ -108,7 +108,7 @@ class SlidingStore:
                 for r in rows
             ]
 
-        entries = await self.db.run_interaction(txn)
+        entries = await self.db.run_interaction("room_list", txn)
         entries.sort(key=lambda e: (e.activity, e.room_id), reverse=True)
         return entries
 
@@ -128,7 +128,7 @@ class SlidingStore:
                         found[str(room_id)] = int(stream)
             return found
 
-        return await self.db.run_interaction(txn) if room_ids else {}
+        return await self.db.run_interaction("bump_stamps", txn) if room_ids else {}
 
     async def current_state(self, room_ids: Sequence[str]) -> dict[str, list[StateRow]]:
         """Each room's current state entries (IDs, no event bodies)."""
@@ -150,7 +150,7 @@ class SlidingStore:
 
         if not room_ids:
             return {}
-        return await self.db.run_interaction(txn)
+        return await self.db.run_interaction("sliding_current_state", txn)
 
     async def room_types(self, room_ids: Sequence[str]) -> dict[str, str | None]:
         """Each room's type (the create event's ``content.type``; None: none)."""
@@ -168,7 +168,7 @@ class SlidingStore:
             return rows
 
         if missing:
-            for room_id, raw in await self.db.run_interaction(txn):
+            for room_id, raw in await self.db.run_interaction("room_types", txn):
                 data = orjson.loads(raw)
                 content = data.get("content") if isinstance(data, dict) else None
                 kind = content.get("type") if isinstance(content, dict) else None
@@ -191,7 +191,7 @@ class SlidingStore:
                 )
             return found
 
-        return await self.db.run_interaction(txn) if room_ids else set()
+        return await self.db.run_interaction("encrypted_rooms", txn) if room_ids else set()
 
     async def space_children(self, space_ids: Sequence[str]) -> set[str]:
         """Rooms named by the current ``m.space.child`` state of the spaces (children
@@ -209,7 +209,9 @@ class SlidingStore:
             return rows
 
         children = set()
-        for state_key, raw in await self.db.run_interaction(txn) if space_ids else []:
+        for state_key, raw in (
+            await self.db.run_interaction("space_children", txn) if space_ids else []
+        ):
             data = orjson.loads(raw)
             content = data.get("content") if isinstance(data, dict) else None
             if isinstance(content, dict) and content.get("via"):
@@ -229,7 +231,7 @@ class SlidingStore:
             )
 
         tags: dict[str, set[str]] = {}
-        for room_id, raw in await self.db.run_interaction(txn):
+        for room_id, raw in await self.db.run_interaction("room_tags", txn):
             content = orjson.loads(raw)
             names = content.get("tags") if isinstance(content, dict) else None
             if isinstance(names, dict) and names:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from roomstream.metrics import TRANSACTION_RETRIES, TRANSACTION_SECONDS
 from roomstream.storage.engines import Cursor, DatabaseConfig, Engine, EngineName, create_engine
 
 logger = logging.getLogger(__name__)
@@ -19,6 +20,9 @@ R = TypeVar("R")
 
 #: How many times an interaction is retried after a serialization failure or deadlock.
 MAX_RETRIES = 8
+
+#: A transaction taking longer than this (seconds, retries included) is logged as slow.
+SLOW_TRANSACTION_SECONDS = 1.0
 
 
 class Transaction:
@@ -128,6 +132,7 @@ class Database:
     def __init__(self, engine: Engine, *, inline: bool = False) -> None:
         self.engine = engine
         self.inline = inline
+        self.slow_transaction_seconds = SLOW_TRANSACTION_SECONDS
         self._executor = ThreadPoolExecutor(
             max_workers=engine.concurrency, thread_name_prefix=f"db-{engine.name}"
         )
@@ -137,37 +142,50 @@ class Database:
         return self.engine.name
 
     def _run_sync(
-        self, func: Callable[Concatenate[Transaction, P], R], *args: P.args, **kwargs: P.kwargs
+        self,
+        name: str,
+        func: Callable[Concatenate[Transaction, P], R],
+        *args: P.args,
+        **kwargs: P.kwargs,
     ) -> tuple[R, list[Callable[[], object]]]:
         engine = self.engine
-        for attempt in range(MAX_RETRIES + 1):
-            conn = engine.acquire()
-            txn: Transaction | None = None
-            try:
-                engine.begin(conn)
-                txn = Transaction(self, engine, engine.cursor(conn))
-                result = func(txn, *args, **kwargs)
-                engine.commit(conn)
-                return result, txn._after_commit
-            except BaseException as exc:
+        started = time.perf_counter()
+        try:
+            for attempt in range(MAX_RETRIES + 1):
+                conn = engine.acquire()
+                txn: Transaction | None = None
                 try:
-                    engine.rollback(conn)
-                except Exception:  # the original error matters more
-                    logger.exception("rollback failed")
-                if txn is not None:
-                    for callback in txn._after_rollback:
-                        callback()
-                if attempt < MAX_RETRIES and engine.is_retryable(exc):
-                    # Jittered backoff so that two retrying transactions stop colliding.
-                    time.sleep(random.uniform(0, 0.002 * (2**attempt)))
-                    continue
-                raise
-            finally:
-                engine.release(conn)
-        raise AssertionError("unreachable")
+                    engine.begin(conn)
+                    txn = Transaction(self, engine, engine.cursor(conn))
+                    result = func(txn, *args, **kwargs)
+                    engine.commit(conn)
+                    return result, txn._after_commit
+                except BaseException as exc:
+                    try:
+                        engine.rollback(conn)
+                    except Exception:  # the original error matters more
+                        logger.exception("rollback failed in transaction %s", name)
+                    if txn is not None:
+                        for callback in txn._after_rollback:
+                            callback()
+                    if attempt < MAX_RETRIES and engine.is_retryable(exc):
+                        TRANSACTION_RETRIES.labels(name).inc()
+                        # Jittered backoff so that two retrying transactions stop colliding.
+                        time.sleep(random.uniform(0, 0.002 * (2**attempt)))
+                        continue
+                    raise
+                finally:
+                    engine.release(conn)
+            raise AssertionError("unreachable")
+        finally:
+            elapsed = time.perf_counter() - started
+            TRANSACTION_SECONDS.labels(name).observe(elapsed)
+            if elapsed > self.slow_transaction_seconds:
+                logger.warning("slow transaction %s: %.3f s", name, elapsed)
 
     async def run_interaction(
         self,
+        name: str,
         func: Callable[Concatenate[Transaction, P], R],
         *args: P.args,
         **kwargs: P.kwargs,
@@ -175,25 +193,33 @@ class Database:
         """Run ``func(txn, *args, **kwargs)`` in one transaction on a worker thread.
 
         Committed when it returns; rolled back (leaving nothing behind) when it raises;
-        retried from scratch on a serialization failure or deadlock.
+        retried from scratch on a serialization failure or deadlock. ``name`` says what the
+        transaction is (a fixed word per call site, never data): it labels the transaction
+        time histogram and the slow-transaction log.
         """
+        _check_name(name)
         if self.inline:
-            result, callbacks = self._run_sync(func, *args, **kwargs)
+            result, callbacks = self._run_sync(name, func, *args, **kwargs)
         else:
             loop = asyncio.get_running_loop()
             result, callbacks = await loop.run_in_executor(
-                self._executor, lambda: self._run_sync(func, *args, **kwargs)
+                self._executor, lambda: self._run_sync(name, func, *args, **kwargs)
             )
         for callback in callbacks:
             callback()
         return result
 
     def run_interaction_blocking(
-        self, func: Callable[Concatenate[Transaction, P], R], *args: P.args, **kwargs: P.kwargs
+        self,
+        name: str,
+        func: Callable[Concatenate[Transaction, P], R],
+        *args: P.args,
+        **kwargs: P.kwargs,
     ) -> R:
         """The same as :meth:`run_interaction`, for code outside an event loop (CLI, Spark)."""
+        _check_name(name)
         result, callbacks = self._executor.submit(
-            lambda: self._run_sync(func, *args, **kwargs)
+            lambda: self._run_sync(name, func, *args, **kwargs)
         ).result()
         for callback in callbacks:
             callback()
@@ -206,6 +232,12 @@ class Database:
     def close_blocking(self) -> None:
         self._executor.shutdown(wait=True)
         self.engine.close()
+
+
+def _check_name(name: object) -> None:
+    # A forgotten name would shift the function into its place: fail at the call, clearly.
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a transaction needs a name (a non-empty str), got {name!r}")
 
 
 def connect(config: DatabaseConfig, *, inline: bool = False) -> Database:

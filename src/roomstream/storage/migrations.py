@@ -94,7 +94,7 @@ def _apply(txn: Transaction, migration: Migration) -> None:
 async def prepare_database(database: Database) -> int:
     """Bring the schema up to date; returns the version now in force."""
     migrations = load_migrations()
-    applied = await database.run_interaction(_applied_versions)
+    applied = await database.run_interaction("applied_versions", _applied_versions)
     current = max(applied, default=0)
     newest = migrations[-1].version if migrations else 0
     if current > newest:
@@ -104,5 +104,5 @@ async def prepare_database(database: Database) -> int:
     # Every migration not yet applied, in order (one merged later with a lower number too).
     for migration in migrations:
         if migration.version not in applied:
-            await database.run_interaction(_apply, migration)
+            await database.run_interaction("prepare_database", _apply, migration)
     return max(current, newest)

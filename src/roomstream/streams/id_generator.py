@@ -100,7 +100,9 @@ class StreamIdGenerator:
         Anything the local writer had in flight before is gone (its transactions died with
         the old process), so the local position starts at the sequence's value.
         """
-        positions, sequence_value = await self._db.run_interaction(self._load_txn)
+        positions, sequence_value = await self._db.run_interaction(
+            "load_stream_positions", self._load_txn
+        )
         self._tracker = StreamPositionTracker(
             self._writers, self._local_writer, positions, sequence_value
         )
@@ -220,7 +222,9 @@ class StreamIdGenerator:
         token = tracker.fetch_started()
         ids: list[int] = []
         try:
-            ids = await self._db.run_interaction(_nextval_txn, self._sequence, count)
+            ids = await self._db.run_interaction(
+                "stream_nextval", _nextval_txn, self._sequence, count
+            )
         finally:
             tracker.fetch_finished(token, ids)
         try:
@@ -231,12 +235,14 @@ class StreamIdGenerator:
 
     async def run_with_ids(
         self,
+        name: str,
         count: int,
         func: Callable[Concatenate[Transaction, list[int], P], R],
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> tuple[list[int], R]:
-        """Draw ``count`` IDs and write their facts in ONE transaction: ``func(txn, ids)``.
+        """Draw ``count`` IDs and write their facts in ONE transaction named ``name`` (see
+        :meth:`roomstream.storage.Database.run_interaction`): ``func(txn, ids)``.
 
         The IDs complete when the transaction ends (committed or not). The new position is
         stored in the background and announced once stored (see :meth:`flush`); this saves
@@ -268,7 +274,7 @@ class StreamIdGenerator:
             return result
 
         try:
-            result = await self._db.run_interaction(txn_func)
+            result = await self._db.run_interaction(name, txn_func)
         finally:
             # IDs drawn by a failed attempt have no rows: leaving them out is the same as
             # completing them.
@@ -314,7 +320,7 @@ class StreamIdGenerator:
             if needed <= self._stored_position:
                 return
             position = self.tracker.position(self.instance_name)
-            await self._db.run_interaction(self._store_position_txn, position)
+            await self._db.run_interaction("store_position", self._store_position_txn, position)
             self._stored_position = max(self._stored_position, position)
         for listener in self._listeners:
             listener(self.instance_name, self._sign * position)

@@ -62,9 +62,23 @@ class StreamSet:
         return -position if stream.negative else position
 
     async def get_updates(
-        self, stream_name: str, writer: str, from_token: int, upto_token: int, limit: int
+        self,
+        stream_name: str,
+        writer: str,
+        from_token: int,
+        upto_token: int,
+        limit: int,
+        *,
+        transaction_name: str = "get_updates",
     ) -> tuple[list[Update], int, bool]:
-        """See :func:`roomstream.streams.registry.get_updates_txn`."""
+        """See :func:`roomstream.streams.registry.get_updates_txn`. ``transaction_name``
+        tells readers apart in the transaction metrics (the notifier's reads are its own)."""
         return await self.database.run_interaction(
-            get_updates_txn, STREAMS[stream_name], writer, from_token, upto_token, limit
+            transaction_name,
+            get_updates_txn,
+            STREAMS[stream_name],
+            writer,
+            from_token,
+            upto_token,
+            limit,
         )
