@@ -1,6 +1,7 @@
 """Named in-memory caches, kept coherent across processes through the ``caches`` stream.
 
-Each process holds a :class:`CacheRegistry` of :class:`LruCache` objects keyed by tuples.
+Each process holds a :class:`CacheRegistry` of :class:`roomstream.lru.LruCache` objects
+keyed by tuples (with the prefix index).
 A change that makes cached data stale writes a ``cache_invalidations`` row in the same
 transaction as the change (:meth:`CacheInvalidator.invalidate_txn`), with an ID of the
 ``caches`` stream. The writer invalidates its own caches once the transaction commits;
@@ -26,13 +27,13 @@ writers is harmless.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import orjson
 
+from roomstream.lru import LruCache
 from roomstream.storage import Transaction
 from roomstream.streams import StreamSet
 
@@ -41,96 +42,13 @@ __all__ = [
     "CacheGroup",
     "CacheInvalidator",
     "CacheRegistry",
-    "LruCache",
     "stream_invalidation_txn",
 ]
 
 #: The group invalidated when a room's current state changes (Synapse's name for it).
 STATE_CACHE_GROUP = "cs_cache_fake"
 
-V = TypeVar("V")
 Key = tuple[Hashable, ...]
-_MISSING: Any = object()
-
-
-class LruCache(Generic[V]):
-    """A bounded mapping from tuple keys to values, evicting the least recently used.
-
-    Keys are indexed by their first element too, so invalidating a prefix ``(a,)`` costs
-    the number of keys starting with ``a``, not the size of the cache.
-    """
-
-    def __init__(self, name: str, max_size: int = 10_000) -> None:
-        if max_size < 1:
-            raise ValueError("max_size must be at least 1")
-        self.name = name
-        self.max_size = max_size
-        self._data: OrderedDict[Key, V] = OrderedDict()
-        self._by_first: dict[Hashable, set[Key]] = {}
-        self.hits = 0
-        self.misses = 0
-        self.invalidations = 0
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._data
-
-    def get(self, key: Key, default: V | None = None) -> V | None:
-        value = self._data.get(key, _MISSING)
-        if value is _MISSING:
-            self.misses += 1
-            return default
-        self._data.move_to_end(key)
-        self.hits += 1
-        return value  # type: ignore[no-any-return]
-
-    def set(self, key: Key, value: V) -> None:
-        if not isinstance(key, tuple) or not key:
-            raise TypeError(f"cache {self.name}: keys are non-empty tuples, got {key!r}")
-        data = self._data
-        if key in data:
-            data.move_to_end(key)
-        else:
-            self._by_first.setdefault(key[0], set()).add(key)
-        data[key] = value
-        while len(data) > self.max_size:
-            old, _ = data.popitem(last=False)
-            self._unindex(old)
-
-    def keys(self) -> list[Key]:
-        return list(self._data)
-
-    def invalidate(self, key: Sequence[Hashable]) -> int:
-        """Drop ``key`` and every key that extends it; returns how many entries went."""
-        prefix = tuple(key)
-        if not prefix:
-            return self.invalidate_all()
-        candidates = self._by_first.get(prefix[0])
-        if not candidates:
-            return 0
-        n = len(prefix)
-        doomed = [k for k in candidates if k[:n] == prefix]
-        for k in doomed:
-            del self._data[k]
-            self._unindex(k)
-        self.invalidations += len(doomed)
-        return len(doomed)
-
-    def invalidate_all(self) -> int:
-        count = len(self._data)
-        self._data.clear()
-        self._by_first.clear()
-        self.invalidations += count
-        return count
-
-    def _unindex(self, key: Key) -> None:
-        bucket = self._by_first.get(key[0])
-        if bucket is not None:
-            bucket.discard(key)
-            if not bucket:
-                del self._by_first[key[0]]
 
 
 @dataclass(frozen=True)
@@ -155,20 +73,20 @@ class CacheRegistry:
     """The caches of one process, by name, and the groups defined over them."""
 
     def __init__(self) -> None:
-        self._caches: dict[str, LruCache[Any]] = {}
+        self._caches: dict[str, LruCache[Key, Any]] = {}
         self._groups: dict[str, CacheGroup] = {}
         self.rows_applied = 0
 
-    def register(self, name: str, max_size: int = 10_000) -> LruCache[Any]:
+    def register(self, name: str, max_size: int = 10_000) -> LruCache[Key, Any]:
         """The cache called ``name``, created on first use."""
         cache = self._caches.get(name)
         if cache is None:
             if name in self._groups:
                 raise ValueError(f"{name} is a cache group")
-            cache = self._caches[name] = LruCache(name, max_size)
+            cache = self._caches[name] = LruCache(name, max_size, prefix_index=True)
         return cache
 
-    def get(self, name: str) -> LruCache[Any] | None:
+    def get(self, name: str) -> LruCache[Key, Any] | None:
         return self._caches.get(name)
 
     def define_group(self, group: CacheGroup) -> None:

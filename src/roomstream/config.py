@@ -35,6 +35,8 @@ Example (every key optional)::
     caches:                        # entries each process keeps in memory (its memory
       events: 20000                # levels off once they are full: ~2.5 KB per event,
       formatted_events: 20000      # ~0.5 KB per formatted one)
+      sizes: {}                    # any other cache by name (roomstream.lru.CACHES,
+                                   # docs/operations.md), e.g. {room_summaries: 50000}
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from roomstream.lru import CACHES
 from roomstream.storage import DatabaseConfig
 from roomstream.streams.registry import STREAMS
 
@@ -100,13 +103,18 @@ class HttpConfig:
 
 @dataclass(frozen=True)
 class CachesConfig:
-    """How many entries each process's caches of served events keep (least recently
-    used first out). A process's memory levels off once they are full."""
+    """How many entries each process's caches keep (least recently used first out). A
+    process's memory levels off once they are full. ``events`` and ``formatted_events``
+    (the big ones) have keys of their own; ``sizes`` sets any cache by its name in
+    :data:`roomstream.lru.CACHES`."""
 
     #: Parsed events (roomstream.rooms.store.EventStore).
     events: int = 20_000
     #: Events in the client format (roomstream.reading.RoomReader).
     formatted_events: int = 20_000
+    #: Cache name -> entries (see docs/operations.md for the names); for ``events`` and
+    #: ``formatted_events`` the same as their own keys.
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,20 @@ def _type_problem(value: Any, hint: Any) -> str | None:
     if hint is str:
         return None if isinstance(value, str) else f"must be a string, not {value!r}"
     return None
+
+
+def _cache_size_problems(caches: CachesConfig, raw: Any) -> list[str]:
+    problems = []
+    for name, size in caches.sizes.items():
+        if name not in CACHES:
+            problems.append(
+                f"caches.sizes: no cache called {name!r} (known: {', '.join(sorted(CACHES))})"
+            )
+        elif not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            problems.append(f"caches.sizes.{name} must be a whole number above 0, not {size!r}")
+        elif isinstance(raw, dict) and name in raw:
+            problems.append(f"caches.{name} and caches.sizes.{name} both set: keep one")
+    return problems
 
 
 def _section(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
@@ -296,6 +318,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
     redis = _section(RedisConfig, raw.get("redis"), "redis", problems)
     http = _section(HttpConfig, raw.get("http"), "http", problems)
     caches = _section(CachesConfig, raw.get("caches"), "caches", problems)
+    problems.extend(_cache_size_problems(caches, raw.get("caches") or {}))
     enable_registration = raw.get("enable_registration", True)
     if not isinstance(enable_registration, bool):
         problems.append(f"enable_registration must be true or false, not {enable_registration!r}")

@@ -36,6 +36,7 @@ from roomstream.client import ClientProcess, build_client_api
 from roomstream.config import Config, HttpConfig
 from roomstream.httpbase import http_metrics_middleware, matrix_error_middleware
 from roomstream.listener import HttpListener
+from roomstream.lru import configure_sizes
 from roomstream.reading import read_side_participants
 from roomstream.reading.backfill import run_pending_in_background
 from roomstream.replication.http import MAX_BODY, InternalHttpServer
@@ -63,7 +64,11 @@ async def open_room_engine(config: Config) -> RoomEngine:
     persisted before those records existed are rebuilt in the background, in bounded
     transactions, while the process serves (``engine.background``; cancelled by
     ``engine.close()``, and carried on at the next start).
+
+    The configured cache sizes (``caches.sizes``) apply from here on, to every cache of
+    the process (sizes are per process, as the caches are).
     """
+    configure_sizes(config.caches.sizes)
     engine = await RoomEngine.open(config, participants=read_side_participants())
     try:
         rebuild = await run_pending_in_background(engine.db)

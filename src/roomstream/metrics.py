@@ -7,6 +7,8 @@ Two kinds:
   (:func:`roomstream.httpbase.http_metrics_middleware`). They live in
   ``prometheus_client``'s default registry, next to its ``process_*`` and ``python_*``
   metrics;
+- the caches' figures (:mod:`roomstream.lru`), read at scrape time from the live caches
+  by a collector in the default registry (:func:`set_cache_source`);
 - per-instance gauges read at scrape time from the running instance (stream positions,
   replication connections and lag) by a :class:`InstanceCollector`, so nothing on the hot
   path keeps them up to date.
@@ -34,7 +36,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 __all__ = [
@@ -44,11 +46,13 @@ __all__ = [
     "PERSIST_SECONDS",
     "TRANSACTION_RETRIES",
     "TRANSACTION_SECONDS",
+    "CacheFigures",
     "InstanceCollector",
     "InstanceSnapshot",
     "observe_persisted",
     "persist_timer",
     "render",
+    "set_cache_source",
 ]
 
 PERSIST_SECONDS = Histogram(
@@ -167,6 +171,60 @@ def _keyed_gauge(
     for key, value in sorted(values.items()):
         family.add_metric([instance, key], value)
     return family
+
+
+@dataclass
+class CacheFigures:
+    """One cache name's figures at a scrape (sums over its live caches)."""
+
+    name: str
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    invalidations: int = 0
+    entries: int = 0
+    max_size: int = 0
+
+
+class _CacheCollector(Collector):
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[CacheFigures]] = list
+
+    def collect(self) -> Iterable[Metric]:
+        counters = {
+            "hits": "Reads of a cache that found the key.",
+            "misses": "Reads of a cache that did not find the key.",
+            "evictions": "Entries dropped from a cache to keep it within its size.",
+            "invalidations": "Entries dropped from a cache because their data changed.",
+        }
+        figures = list(self.source())
+        for kind, documentation in counters.items():
+            family = CounterMetricFamily(f"roomstream_cache_{kind}", documentation, labels=["name"])
+            for f in figures:
+                family.add_metric([f.name], getattr(f, kind))
+            yield family
+        entries = GaugeMetricFamily(
+            "roomstream_cache_entries", "Entries in a cache now.", labels=["name"]
+        )
+        sizes = GaugeMetricFamily(
+            "roomstream_cache_max_size",
+            "The most entries a cache keeps (caches.sizes in the configuration).",
+            labels=["name"],
+        )
+        for f in figures:
+            entries.add_metric([f.name], f.entries)
+            sizes.add_metric([f.name], f.max_size)
+        yield entries
+        yield sizes
+
+
+_CACHES = _CacheCollector()
+REGISTRY.register(_CACHES)
+
+
+def set_cache_source(source: Callable[[], Iterable[CacheFigures]]) -> None:
+    """Where the cache collector reads its figures (:mod:`roomstream.lru` sets it)."""
+    _CACHES.source = source
 
 
 def render(instance: CollectorRegistry | None = None) -> bytes:

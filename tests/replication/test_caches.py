@@ -4,34 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from roomstream.caches import STATE_CACHE_GROUP, CacheGroup, CacheRegistry, LruCache
+from roomstream.caches import STATE_CACHE_GROUP, CacheGroup, CacheRegistry
 from roomstream.replication.sharding import shard_for, writer_for_room
-
-
-def test_lru_evicts_least_recently_used() -> None:
-    cache: LruCache[int] = LruCache("c", max_size=2)
-    cache.set(("a",), 1)
-    cache.set(("b",), 2)
-    assert cache.get(("a",)) == 1  # a is now the most recent
-    cache.set(("c",), 3)
-    assert ("b",) not in cache and cache.keys() == [("a",), ("c",)]
-    assert (cache.hits, cache.misses) == (1, 0)
-    assert cache.get(("b",)) is None and cache.misses == 1
-    with pytest.raises(TypeError):
-        cache.set("not-a-tuple", 1)  # type: ignore[arg-type]
-
-
-def test_invalidate_key_prefix_and_all() -> None:
-    cache: LruCache[int] = LruCache("c")
-    cache.set(("!r", "@a"), 1)
-    cache.set(("!r", "@b"), 2)
-    cache.set(("!s", "@a"), 3)
-    assert cache.invalidate(("!r", "@a")) == 1
-    assert cache.keys() == [("!r", "@b"), ("!s", "@a")]
-    assert cache.invalidate(("!r",)) == 1  # prefix
-    assert cache.keys() == [("!s", "@a")]
-    assert cache.invalidate(("!nothing",)) == 0
-    assert cache.invalidate_all() == 1 and len(cache) == 0
 
 
 def test_rows_invalidate_key_whole_cache_and_unknown_names() -> None:
