@@ -160,3 +160,24 @@ def test_figures_are_exported_by_name() -> None:
     assert sample("roomstream_cache_max_size") == 2
     del cache
     assert "metrics_probe" not in {f.name for f in lru._figures()}
+
+
+def test_no_other_module_keeps_its_own_lru() -> None:
+    """Recency bookkeeping lives in roomstream.lru only. Two modules order entries for
+    other reasons: the sliding sync connection store (client state dropped by idle time
+    and a per-device limit, not a cache) and the stream change cache (ordered by stream
+    position)."""
+    import re
+    from pathlib import Path
+
+    import roomstream
+
+    root = Path(roomstream.__file__).parent
+    allowed = {"lru.py", "sliding/connections.py", "streams/change_cache.py"}
+    found = [
+        str(path.relative_to(root))
+        for path in sorted(root.rglob("*.py"))
+        if str(path.relative_to(root)) not in allowed
+        and re.search(r"move_to_end\(|popitem\(|OrderedDict", path.read_text())
+    ]
+    assert found == []

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -56,22 +56,21 @@ CACHES: dict[str, CacheSpec] = {
     "formatted_events": CacheSpec(20_000, "events in the client format (reading.events)"),
     "persist_rooms": CacheSpec(1_000, "rooms' forward extremities and versions (persister)"),
     "persist_states": CacheSpec(1_000, "state maps by state group (persister)"),
-    "visibility_rooms": CacheSpec(1_000, "rooms' visibility snapshots (visibility recorder)"),
+    "visibility_rooms": CacheSpec(512, "rooms' visibility snapshots (visibility recorder)"),
     "visibility_memberships": CacheSpec(50_000, "membership of member events (recorder)"),
     "visibility_classes": CacheSpec(50_000, "history visibility of events (recorder)"),
     "backfill_states": CacheSpec(8, "the last state maps of a visibility rebuild"),
-    "room_summaries": CacheSpec(10_000, "rooms' sync summaries (reading.summaries)"),
-    "room_state_json": CacheSpec(1_000, "serialised /state answers by room (client.rooms)"),
+    "room_summaries": CacheSpec(100_000, "rooms' sync summaries (reading.summaries)"),
+    "room_state_json": CacheSpec(256, "serialised /state answers by room (client.rooms)"),
     "device_transactions": CacheSpec(10_000, "a device's transaction IDs in a room"),
     "sync_sent_members": CacheSpec(10_000, "lazy-loaded members sent to each device"),
     "unread_counts": CacheSpec(100_000, "unread counts by (user, room) (client.unread)"),
-    "ignored_users": CacheSpec(10_000, "users' ignored users (client.ignored)"),
-    "sliding_lists": CacheSpec(1_000, "sliding sync room lists by user"),
-    "sliding_derived": CacheSpec(1_000, "sliding sync derived room data"),
+    "ignored_users": CacheSpec(50_000, "users' ignored users (client.ignored)"),
+    "sliding_lists": CacheSpec(10_000, "sliding sync room lists by user"),
+    "sliding_derived": CacheSpec(256, "sliding sync derived room data"),
     "sliding_direct": CacheSpec(10_000, "users' direct rooms (m.direct)"),
-    "sliding_connections": CacheSpec(10_000, "sliding sync connections"),
     "access_tokens": CacheSpec(100_000, "access token owners (accounts.token_cache)"),
-    "client_ips": CacheSpec(10_000, "recently recorded client IPs (accounts.client_ips)"),
+    "client_ips": CacheSpec(100_000, "recently recorded client IPs (accounts.client_ips)"),
 }
 
 #: Sizes from the configuration, by name (``caches.sizes``).
@@ -125,11 +124,19 @@ class LruCache(Generic[K, V]):
         "max_size",
         "misses",
         "name",
+        "on_evict",
     )
 
     def __init__(
-        self, name: str, max_size: int | None = None, *, prefix_index: bool = False
+        self,
+        name: str,
+        max_size: int | None = None,
+        *,
+        prefix_index: bool = False,
+        on_evict: Callable[[K, V], object] | None = None,
     ) -> None:
+        """``on_evict(key, value)`` is called for each entry evicted for room (not for
+        :meth:`pop` or invalidations), for owners that index the entries elsewhere."""
         size = configured_size(name, max_size)
         if size < 1:
             raise ValueError(f"cache {name}: max_size must be at least 1")
@@ -141,6 +148,7 @@ class LruCache(Generic[K, V]):
         self.misses = 0
         self.evictions = 0
         self.invalidations = 0
+        self.on_evict = on_evict
         _live.add(self)
 
     def __len__(self) -> int:
@@ -166,6 +174,12 @@ class LruCache(Generic[K, V]):
     def peek(self, key: K, default: V | None = None) -> V | None:
         """The value without touching the order or the counters."""
         return self._data.get(key, default)
+
+    def count_lookups(self, hits: int, misses: int) -> None:
+        """Count lookups made with :meth:`peek` (by a caller that must not reorder, such as
+        a database worker thread; counts from other threads may be slightly off)."""
+        self.hits += hits
+        self.misses += misses
 
     def set(self, key: K, value: V) -> None:
         """Store ``value`` as the most recently used, evicting the least recently used
@@ -234,9 +248,11 @@ class LruCache(Generic[K, V]):
     def _evict(self) -> None:
         data = self._data
         while len(data) > self.max_size:
-            old, _ = data.popitem(last=False)
+            old, value = data.popitem(last=False)
             self._unindex(old)
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(old, value)
 
     def _unindex(self, key: Any) -> None:
         if self._by_first is None:

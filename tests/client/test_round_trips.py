@@ -109,7 +109,7 @@ async def test_transaction_ids_survive_forgetting_and_restarts(
     ]
     assert again == first
     service = homeserver.process.rooms
-    service._device_transactions.clear()
+    service._device_transactions.invalidate_all()
     requester = Requester(alice.user_id, alice.device_id)
     assert await service.send_event(requester, room_id, "m.room.message", {}, "t1") == first[1]
     # Another device's t1 is another transaction.

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from roomstream.events.signing import load_or_create_signing_key
 from roomstream.reading import RoomReader, read_side_participants
 from roomstream.reading.reader import RoomReader as ReaderClass
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.engine import RoomEngine
-from roomstream.rooms.store import EventStore, LruCache
+from roomstream.rooms.store import EventStore
 from roomstream.storage import Database
 from roomstream.streams import StreamSet
 from tests.support.reading_scenario import SERVER
@@ -42,7 +39,7 @@ async def test_served_events_are_cached_within_the_bounds(
     engine = RoomEngine(
         database, streams, SERVER, "main", key, participants=read_side_participants()
     )
-    engine.store._events.max_size = BOUND  # the store the reader reads through
+    engine.store._events.resize(BOUND)  # the store the reader reads through
     reader = RoomReader.for_engine(engine, include_age=False, format_cache_size=BOUND)
     room_id, _ = await engine.creator.create_room(ALICE, preset=RoomPreset.PUBLIC_CHAT)
     since = reader.current_token()
@@ -60,27 +57,6 @@ async def test_served_events_are_cached_within_the_bounds(
         assert await reader.get_event(ALICE, event_id) is not None
     assert 0 < len(reader.formatter.cache) <= BOUND  # ...and at most BOUND kept
     assert 0 < len(engine.store._events) <= BOUND
-
-
-@given(
-    size=st.integers(1, 6),
-    operations=st.lists(st.tuples(st.booleans(), st.integers(0, 9)), max_size=60),
-)
-def test_event_lru_matches_a_naive_list(size: int, operations: list[tuple[bool, int]]) -> None:
-    cache = LruCache(size)
-    naive: list[int] = []  # least recently used first
-    for is_put, key in operations:
-        if is_put:
-            cache.put(str(key), key)
-            if key in naive:
-                naive.remove(key)
-            naive.append(key)
-            del naive[:-size]
-        elif cache.get_recent(str(key)) is not None:
-            naive.remove(key)
-            naive.append(key)
-        assert len(cache) <= size
-        assert list(cache) == [str(k) for k in naive]
 
 
 async def test_room_locks_are_kept_only_while_in_use(database: Database, tmp_path: Path) -> None:

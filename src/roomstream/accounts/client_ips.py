@@ -13,7 +13,7 @@ reports are coalesced in memory and written in batches:
 
 Invariants: the table holds one row per (user, device, IP) with the latest ``last_seen``
 written (an older write never replaces a newer one); the memory is bounded
-(:data:`MAX_PENDING` pending keys, :data:`MAX_RECENT` remembered ones). A process
+(:data:`MAX_PENDING` pending keys, the ``client_ips`` cache's remembered ones). A process
 writes its pending batch as it stops; one killed loses it (a few seconds of times).
 Each process writes its own requests' rows (PostgreSQL is shared by every process of a
 deployment); the ``USER_IP`` replication command is not used for this.
@@ -25,10 +25,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from roomstream.lru import LruCache
 from roomstream.storage import Database, Transaction
 
 __all__ = ["ClientIps", "Connection"]
@@ -41,8 +41,6 @@ LAST_SEEN_GRANULARITY_MS = 60_000
 FLUSH_INTERVAL_S = 5.0
 #: Pending keys that make the batch be written at once.
 MAX_PENDING = 10_000
-#: Keys remembered to apply the granularity (least recently taken forgotten first).
-MAX_RECENT = 100_000
 #: Longest user agent kept (longer ones are cut).
 MAX_USER_AGENT = 512
 
@@ -63,7 +61,7 @@ class ClientIps:
         #: key -> (user agent, last seen ms) not written yet.
         self._pending: dict[Key, tuple[str, int]] = {}
         #: key -> last seen ms taken for it (written or pending).
-        self._recent: OrderedDict[Key, int] = OrderedDict()
+        self._recent: LruCache[Key, int] = LruCache("client_ips")
         #: The batch being written (still served by reads until committed).
         self._writing: dict[Key, tuple[str, int]] = {}
         #: One batch written at a time: an explicit flush waits for a scheduled one.
@@ -80,10 +78,7 @@ class ClientIps:
         last = self._recent.get(key)
         if last is not None and 0 <= now - last < LAST_SEEN_GRANULARITY_MS:
             return
-        self._recent[key] = now
-        self._recent.move_to_end(key)
-        while len(self._recent) > MAX_RECENT:
-            self._recent.popitem(last=False)
+        self._recent.set(key, now)
         self._pending[key] = (user_agent[:MAX_USER_AGENT], now)
         if self._flusher is None:
             delay = 0.0 if len(self._pending) >= MAX_PENDING else FLUSH_INTERVAL_S

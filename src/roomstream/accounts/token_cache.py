@@ -24,9 +24,10 @@ racing with a logout can never put the logged-out token back.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from roomstream.lru import LruCache
 
 __all__ = ["TOKEN_CACHE", "TokenCache"]
 
@@ -37,12 +38,18 @@ TOKEN_CACHE = "get_token_owner"
 class TokenCache:
     """Token hash -> (user ID, device ID), least recently used evicted first."""
 
-    def __init__(self, max_size: int = 100_000, *, live: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self, max_size: int | None = None, *, live: Callable[[], bool] | None = None
+    ) -> None:
         """``live``: whether invalidations reach this process as they are written (None:
-        always, as on the process that writes them all)."""
-        self.max_size = max_size
+        always, as on the process that writes them all). ``max_size``: the
+        ``access_tokens`` cache's configured size unless given."""
         self._live = live
-        self._owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._owners: LruCache[str, tuple[str, str]] = LruCache(
+            "access_tokens",
+            max_size,
+            on_evict=lambda hashed, owner: self._discard(owner[0], hashed),
+        )
         self._by_user: dict[str, set[str]] = {}
         #: Bumped by every invalidation; see :meth:`put`.
         self.generation = 0
@@ -55,32 +62,30 @@ class TokenCache:
         when not, callers read the database and do not fill the cache."""
         return self._live is None or self._live()
 
+    @property
+    def max_size(self) -> int:
+        return self._owners.max_size
+
     def get(self, hashed: str) -> tuple[str, str] | None:
-        owner = self._owners.get(hashed)
-        if owner is not None:
-            self._owners.move_to_end(hashed)
-        return owner
+        return self._owners.get(hashed)
 
     def put(self, hashed: str, owner: tuple[str, str], generation: int) -> None:
         """Remember ``owner``, read from the database after :attr:`generation` was
         ``generation``; ignored if an invalidation has been applied since."""
         if generation != self.generation:
             return
-        self._owners[hashed] = owner
         self._by_user.setdefault(owner[0], set()).add(hashed)
-        while len(self._owners) > self.max_size:
-            old, (user_id, _) = self._owners.popitem(last=False)
-            self._discard(user_id, old)
+        self._owners.set(hashed, owner)
 
     def invalidate_user(self, user_id: str) -> None:
         """Forget every cached token of ``user_id``."""
         self.generation += 1
         for hashed in self._by_user.pop(user_id, ()):
-            self._owners.pop(hashed, None)
+            self._owners.pop(hashed)
 
     def invalidate_all(self) -> None:
         self.generation += 1
-        self._owners.clear()
+        self._owners.invalidate_all()
         self._by_user.clear()
 
     def apply_cache_row(self, row: Sequence[Any]) -> None:

@@ -14,11 +14,11 @@ older than the last invalidation it saw.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.streams.rows import AccountDataRow
 
 __all__ = [
@@ -30,8 +30,6 @@ __all__ = [
 ]
 
 IGNORED_USER_LIST = "m.ignored_user_list"
-#: Users whose ignored set is kept (least recently used go first).
-CACHED_USERS = 50_000
 
 Loader = Callable[[str], Awaitable[dict[str, Any] | None]]
 
@@ -50,30 +48,26 @@ def ignored_from_content(content: Any) -> frozenset[str]:
 class IgnoredUsers:
     """user ID -> the users they ignore, cached (see the module docstring)."""
 
-    def __init__(self, load: Loader, size: int = CACHED_USERS) -> None:
+    def __init__(self, load: Loader) -> None:
         #: Reads a user's ``m.ignored_user_list`` content (None: never set).
         self._load = load
-        self._size = size
-        self._cache: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._cache: LruCache[str, frozenset[str]] = LruCache("ignored_users")
         #: Bumped by every invalidation: a read that started before one is not kept.
         self._generation = 0
 
     async def of(self, user_id: str) -> frozenset[str]:
         cached = self._cache.get(user_id)
         if cached is not None:
-            self._cache.move_to_end(user_id)
             return cached
         generation = self._generation
         ignored = ignored_from_content(await self._load(user_id))
         if generation == self._generation:
-            self._cache[user_id] = ignored
-            if len(self._cache) > self._size:
-                self._cache.popitem(last=False)
+            self._cache.set(user_id, ignored)
         return ignored
 
     def invalidate(self, user_id: str) -> None:
         self._generation += 1
-        self._cache.pop(user_id, None)
+        self._cache.pop(user_id)
 
     def on_account_data_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """``account_data`` stream rows ``(user_id, room_id, data_type)``: forget the

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ from roomstream.errors import (
 from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, room_version
 from roomstream.events.types import EventTypes
 from roomstream.grammar import is_room_alias, is_room_id_to_look_up
+from roomstream.lru import LruCache
 from roomstream.reading import RoomReader, client_event
 from roomstream.rooms.creation import RoomPreset
 from roomstream.rooms.persist import TransactionKey
@@ -46,11 +46,9 @@ __all__ = ["CreateRoomRequest", "RoomService", "StateEvent"]
 
 PRESETS = ("private_chat", "public_chat", "trusted_private_chat")
 MEMBERSHIP_ACTIONS = ("invite", "kick", "ban", "unban")
-#: Transaction IDs kept in memory per (room, user, device), and how many such sets.
+#: Transaction IDs kept in memory per (room, user, device) (the sets: the
+#: ``device_transactions`` cache).
 DEVICE_TRANSACTIONS_KEPT = 10_000
-DEVICES_KEPT = 10_000
-#: Rooms whose serialised ``/state`` answer is kept (see ``current_state_json``).
-STATE_JSON_CACHE_ROOMS = 256
 
 
 @dataclass(frozen=True)
@@ -136,14 +134,16 @@ class RoomService:
         self.reader = reader
         self.alias_rules = AliasRules(server_name, store, events)
         #: Room ID -> (the current state, its ``/state`` answer), least recently used first.
-        self._state_json: OrderedDict[str, tuple[StateMap, bytes]] = OrderedDict()
+        self._state_json: LruCache[str, tuple[StateMap, bytes]] = LruCache("room_state_json")
         #: Held for the whole of an idempotent send, per (room, user, device).
         self._device_locks: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
         #: (room, user, device) -> {transaction ID: event ID}: every transaction of that
         #: device in a room this process writes (see ``send_once``).
-        self._device_transactions: OrderedDict[tuple[str, str, str], dict[str, str]] = OrderedDict()
+        self._device_transactions: LruCache[tuple[str, str, str], dict[str, str]] = LruCache(
+            "device_transactions"
+        )
 
     # -- reading current state (for the rules here; clients read via roomstream.reading)
 
@@ -179,13 +179,10 @@ class RoomService:
             return orjson.dumps([client_event(e) for e in events.values()])
         cached = self._state_json.get(room_id)
         if cached is not None and cached[0] == state:
-            self._state_json.move_to_end(room_id)
             return cached[1]
         events = await self.events.get_events(state.values())
         body = orjson.dumps([client_event(e) for e in events.values()])
-        self._state_json[room_id] = (state, body)
-        if len(self._state_json) > STATE_JSON_CACHE_ROOMS:
-            self._state_json.popitem(last=False)
+        self._state_json.set(room_id, (state, body))
         return body
 
     async def _readable_state(
@@ -510,13 +507,10 @@ class RoomService:
         """
         known = self._device_transactions.get(device_key)
         if known is not None:
-            self._device_transactions.move_to_end(device_key)
             return known
         known = await self.reader.transactions_of_device(*device_key, DEVICE_TRANSACTIONS_KEPT)
         if known is not None:
-            self._device_transactions[device_key] = known
-            if len(self._device_transactions) > DEVICES_KEPT:
-                self._device_transactions.popitem(last=False)
+            self._device_transactions.set(device_key, known)
         return known
 
     async def set_state(

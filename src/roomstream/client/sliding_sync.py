@@ -17,7 +17,6 @@ import asyncio
 import bisect
 import operator
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,6 +30,7 @@ from roomstream.client.server import Route, authenticate
 from roomstream.client.typing import TypingState
 from roomstream.client.userdata import UserData
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.reading import (
     EventsToken,
     RoomPosition,
@@ -152,12 +152,15 @@ class SlidingSyncHandler:
         self.connections = connections if connections is not None else ConnectionStore()
         self.store = SlidingStore(reader.db)
         #: user -> (events token, their room list at it), least recently used first.
-        self._lists: OrderedDict[str, tuple[EventsToken, list[RoomEntry]]] = OrderedDict()
-        self.max_cached_lists = max_cached_lists
+        self._lists: LruCache[str, tuple[EventsToken, list[RoomEntry]]] = LruCache(
+            "sliding_lists", max_cached_lists
+        )
         #: id(room list) -> what responses derive from it (the list is kept inside).
-        self._derived_cache: OrderedDict[int, _Derived] = OrderedDict()
+        self._derived_cache: LruCache[int, _Derived] = LruCache("sliding_derived")
         #: user -> (account data position, rooms of their m.direct), as ``_lists``.
-        self._direct: OrderedDict[str, tuple[int, set[str]]] = OrderedDict()
+        self._direct: LruCache[str, tuple[int, set[str]]] = LruCache(
+            "sliding_direct", max_cached_lists
+        )
 
     async def sync(self, requester: Requester, request: SlidingRequest) -> dict[str, Any]:
         """The response; with a ``pos`` and nothing new, waits (up to the timeout) until
@@ -219,9 +222,7 @@ class SlidingSyncHandler:
         return derived
 
     def _remember(self, derived: _Derived) -> None:
-        self._derived_cache[id(derived.entries)] = derived
-        while len(self._derived_cache) > 256:
-            self._derived_cache.popitem(last=False)
+        self._derived_cache.set(id(derived.entries), derived)
 
     async def _direct_rooms(self, user_id: str, position: int) -> set[str]:
         """The rooms of the user's ``m.direct``, read again only when the account data
@@ -229,13 +230,9 @@ class SlidingSyncHandler:
         so a cached set is never older than the position it is kept under)."""
         cached = self._direct.get(user_id)
         if cached is not None and cached[0] == position:
-            self._direct.move_to_end(user_id)
             return cached[1]
         rooms = _dm_rooms(await self.userdata.get_account_data(user_id, None, "m.direct"))
-        self._direct[user_id] = (position, rooms)
-        self._direct.move_to_end(user_id)
-        if len(self._direct) > self.max_cached_lists:
-            self._direct.popitem(last=False)
+        self._direct.set(user_id, (position, rooms))
         return rooms
 
     # -- the room list -------------------------------------------------------------------
@@ -327,10 +324,7 @@ class SlidingSyncHandler:
                 all_entries = await self._room_list(
                     user_id, known[1], result.rooms, bool(result.membership_changes)
                 )
-        self._lists[user_id] = (token, all_entries)
-        self._lists.move_to_end(user_id)
-        if len(self._lists) > self.max_cached_lists:
-            self._lists.popitem(last=False)
+        self._lists.set(user_id, (token, all_entries))
         derived = self._derived(all_entries, user_id)
         by_id = derived.by_id
         entries = derived.listed

@@ -12,7 +12,6 @@ every sub-object of the response is present even when empty.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -36,6 +35,7 @@ from roomstream.e2e import E2eKeys
 from roomstream.errors import InvalidParamError
 from roomstream.events.redaction import redact
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.reading import EventsToken, RoomReader
 
 __all__ = ["SyncHandler", "SyncToken"]
@@ -99,7 +99,6 @@ class SyncRequest:
 
 #: Devices whose lazy-loaded members are remembered, and members remembered per device
 #: (past either bound the memory is dropped: the device is sent members again).
-MAX_LAZY_DEVICES = 10_000
 MAX_LAZY_MEMBERS_PER_DEVICE = 50_000
 
 
@@ -129,7 +128,7 @@ class SyncHandler:
         #: The sections, in token order (:data:`SECTIONS`).
         self.sections = build_sections(SyncServices(reader, userdata, typing, store, ignored, keys))
         #: (user, device) -> lazy-loaded members it was sent (most recent last).
-        self._sent_members: OrderedDict[tuple[str, str], _SentMembers] = OrderedDict()
+        self._sent_members: LruCache[tuple[str, str], _SentMembers] = LruCache("sync_sent_members")
 
     async def sync(self, requester: Requester, request: SyncRequest) -> dict[str, Any]:
         """The response; with a ``since`` token and nothing new, waits (up to the timeout)
@@ -190,9 +189,7 @@ class SyncHandler:
         if entry.size > MAX_LAZY_MEMBERS_PER_DEVICE:
             return
         entry.token = body["next_batch"]
-        self._sent_members[key] = entry
-        while len(self._sent_members) > MAX_LAZY_DEVICES:
-            self._sent_members.popitem(last=False)
+        self._sent_members.set(key, entry)
 
     async def _federation_format(self, body: dict[str, Any]) -> None:
         """``event_format: federation``: the rooms' events as their PDUs (redacted ones

@@ -23,7 +23,6 @@ the room's current state (its member count, the user's display name, power level
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from roomstream.client.pushrules import default_push_rules
 from roomstream.errors import MatrixError
 from roomstream.events.types import EventTypes
 from roomstream.glob import Glob, compile_glob
+from roomstream.lru import LruCache
 from roomstream.reading import RoomReader
 from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Transaction
@@ -231,10 +231,9 @@ class UnreadCounter:
     costs two statements (receipts, memberships) whatever the number of rooms.
     """
 
-    def __init__(self, reader: RoomReader, max_entries: int = 100_000) -> None:
+    def __init__(self, reader: RoomReader) -> None:
         self.reader = reader
-        self._counted: OrderedDict[tuple[str, str], _Counted] = OrderedDict()
-        self._max_entries = max_entries
+        self._counted: LruCache[tuple[str, str], _Counted] = LruCache("unread_counts")
 
     async def counts(self, user_id: str, room_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         """room -> ``{"notification_count", "highlight_count"}``."""
@@ -257,11 +256,7 @@ class UnreadCounter:
             n, h = counted.counts
             result[room_id] = {"notification_count": n, "highlight_count": h}
             if counted is not known.get(room_id):
-                key = (user_id, room_id)
-                self._counted[key] = counted
-                self._counted.move_to_end(key)
-        while len(self._counted) > self._max_entries:
-            self._counted.popitem(last=False)
+                self._counted.set((user_id, room_id), counted)
         return result
 
 

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from roomstream.events.model import StateKey
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.reading.visibility import (
     Position,
     TimelineInput,
@@ -94,21 +94,14 @@ class _StateMaps:
     state after is the next one's state before), so handing the recorder the same object
     keeps its identity checks, and each group is read or built once."""
 
-    def __init__(self, size: int = 8) -> None:
-        self._maps: OrderedDict[int, Mapping[StateKey, str]] = OrderedDict()
-        self._size = size
+    def __init__(self) -> None:
+        self._maps: LruCache[int, Mapping[StateKey, str]] = LruCache("backfill_states")
 
     def get(self, group: int) -> Mapping[StateKey, str] | None:
-        state = self._maps.get(group)
-        if state is not None:
-            self._maps.move_to_end(group)
-        return state
+        return self._maps.get(group)
 
     def put(self, group: int, state: Mapping[StateKey, str]) -> None:
-        self._maps[group] = state
-        self._maps.move_to_end(group)
-        while len(self._maps) > self._size:
-            self._maps.popitem(last=False)
+        self._maps.set(group, state)
 
 
 class VisibilityBackfill:

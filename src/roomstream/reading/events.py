@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from roomstream.events.model import Event
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.reading.format import (
     ClientEvent,
     FormattedEvent,
@@ -74,12 +74,12 @@ class EventFormatter:
         # event ID -> the client format's viewer-independent part, for the redaction the
         # event had when formatted (a later redaction makes the entry a miss). Read by
         # database interactions on worker threads (a plain get), written on the loop.
-        self._formatted: OrderedDict[str, FormattedEvent] = OrderedDict()
-        self._formatted_size = cache_size
+        self._formatted: LruCache[str, FormattedEvent] = LruCache("formatted_events", cache_size)
 
     @property
-    def cache(self) -> OrderedDict[str, FormattedEvent]:
-        """The formatting cache (event ID -> format), oldest first."""
+    def cache(self) -> LruCache[str, FormattedEvent]:
+        """The formatting cache (event ID -> format). Entries are read without reordering
+        (from worker threads), so the oldest written goes first."""
         return self._formatted
 
     def now(self) -> int | None:
@@ -102,7 +102,7 @@ class EventFormatter:
 
         Once per event served, so the rows take one pass and cache hits load nothing.
         """
-        cache_get = self._formatted.get
+        cache_get = self._formatted.peek
         formatted: dict[str, FormattedEvent] = {}
         missing: list[str] = []
         redacted_by: dict[str, str] = {}
@@ -175,6 +175,7 @@ class EventFormatter:
         database, and format (and cache) those whose format was not cached."""
         self.store.cache_events(loaded.fresh)
         cache = self._formatted
+        cache.count_lookups(len(loaded.formatted), len(loaded.missing))
         for event_id in loaded.missing:
             event = loaded.events.get(event_id)
             if event is None:
@@ -182,9 +183,8 @@ class EventFormatter:
             redaction_id = loaded.redacted_by.get(event_id)
             redaction = None if redaction_id is None else loaded.events.get(redaction_id)
             entry = format_event(event, redaction)
-            loaded.formatted[event_id] = cache[event_id] = entry
-        while len(cache) > self._formatted_size:
-            cache.popitem(last=False)
+            loaded.formatted[event_id] = entry
+            cache.set(event_id, entry)
 
     def format_rows(
         self, rows: Iterable[_Row], loaded: _Loaded, now: int | None

@@ -3,12 +3,12 @@ per room for every member."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.reading.changes import ChangeTracker
 from roomstream.reading.timeline_rows import _chunks, _marks
 from roomstream.rooms.store import load_events_txn
@@ -100,8 +100,9 @@ class RoomSummaries:
         self._changes = changes
         self._room_changes = changes.room_changes
         # room -> (ingested linear position before it was read, its summary's parts)
-        self._summaries: OrderedDict[str, tuple[int, _RoomSummary]] = OrderedDict()
-        self._summaries_size = cache_size
+        self._summaries: LruCache[str, tuple[int, _RoomSummary]] = LruCache(
+            "room_summaries", cache_size
+        )
 
     async def room_summaries(
         self, user_id: str, room_ids: Collection[str]
@@ -128,8 +129,5 @@ class RoomSummaries:
             read = await self.db.run_interaction("summaries", _summaries_txn, missing)
             for room_id, summary in read.items():
                 known[room_id] = summary
-                cache[room_id] = (checked_at, summary)
-                cache.move_to_end(room_id)
-            while len(cache) > self._summaries_size:
-                cache.popitem(last=False)
+                cache.set(room_id, (checked_at, summary))
         return {room_id: known[room_id].for_user(user_id) for room_id in room_ids}

@@ -31,7 +31,6 @@ Rule 3's "joined later" is a range test too: E is before U's last join in the ro
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ import orjson
 
 from roomstream.events.model import Event, StateKey
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.rooms.participants import TimelineInput
 from roomstream.state.groups import get_state_txn
 from roomstream.storage import Transaction
@@ -140,24 +140,6 @@ class _Snapshot:
     changed: StateKey | None
 
 
-class _Lru(OrderedDict[Any, Any]):
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.size = size
-
-    def get_recent(self, key: Any) -> Any:
-        value = self.get(key)
-        if value is not None:
-            self.move_to_end(key)
-        return value
-
-    def put(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.size:
-            self.popitem(last=False)
-
-
 class VisibilityRecorder:
     """Writes ``timeline_events`` and ``visibility_memberships`` in the persist
     transaction (called by :class:`roomstream.rooms.persist.EventPersister`).
@@ -177,10 +159,12 @@ class VisibilityRecorder:
 
     def __init__(self, room_cache_size: int = 512, value_cache_size: int = 50_000) -> None:
         # room -> {position: snapshot} of its last timeline events (a few per room).
-        self._rooms: _Lru = _Lru(room_cache_size)
+        self._rooms: LruCache[str, dict[Position, _Snapshot]] = LruCache(
+            "visibility_rooms", room_cache_size
+        )
         # Immutable facts about events: membership of member events, class of hv events.
-        self._memberships: _Lru = _Lru(value_cache_size)
-        self._classes: _Lru = _Lru(value_cache_size)
+        self._memberships: LruCache[str, str] = LruCache("visibility_memberships", value_cache_size)
+        self._classes: LruCache[str, int] = LruCache("visibility_classes", value_cache_size)
 
     # -- the hook ------------------------------------------------------------------------
 
@@ -195,7 +179,7 @@ class VisibilityRecorder:
         batch_events = {i.event.event_id: i.event for i in items}
         self._prefetch_values(txn, timeline, batch_events)
         snapshots: dict[Position, _Snapshot] = {}
-        cached: dict[Position, _Snapshot] = self._rooms.get_recent(room_id) or {}
+        cached: dict[Position, _Snapshot] = self._rooms.get(room_id) or {}
         last = _last_position_txn(txn, room_id)
         rows: list[tuple[Any, ...]] = []
         member_rows: list[tuple[Any, ...]] = []
@@ -244,7 +228,7 @@ class VisibilityRecorder:
         assert last is not None
         known = {**cached, **snapshots}
         keep = {p: s for p, s in known.items() if p <= last[0]}
-        self._rooms.put(room_id, dict(sorted(keep.items())[-2:]))
+        self._rooms.set(room_id, dict(sorted(keep.items())[-2:]))
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -367,18 +351,18 @@ class VisibilityRecorder:
             if i.state_before is not None
             and (hv := i.state_before.get(HISTORY_VISIBILITY_KEY)) is not None
         }
-        missing = [i for i in ids if i not in batch and self._classes.get_recent(i) is None]
+        missing = [i for i in ids if i not in batch and self._classes.get(i) is None]
         if missing:
             for event_id, content in _contents_txn(txn, missing).items():
-                self._classes.put(event_id, visibility_class(content))
+                self._classes.set(event_id, visibility_class(content))
 
     def _class_of(self, txn: Transaction, event_id: str, batch: Mapping[str, Event]) -> int:
         if event_id in batch:
             return visibility_class(batch[event_id].content)
-        cls = self._classes.get_recent(event_id)
+        cls = self._classes.get(event_id)
         if cls is None:
             cls = visibility_class(_contents_txn(txn, [event_id]).get(event_id))
-            self._classes.put(event_id, cls)
+            self._classes.set(event_id, cls)
         return int(cls)
 
     def _memberships_of(
@@ -390,7 +374,7 @@ class VisibilityRecorder:
             if event_id in batch:
                 result[event_id] = batch[event_id].membership
                 continue
-            value = self._memberships.get_recent(event_id)
+            value = self._memberships.get(event_id)
             if value is None:
                 missing.append(event_id)
             else:
@@ -402,7 +386,7 @@ class VisibilityRecorder:
                 f"SELECT event_id, membership FROM events WHERE event_id IN ({marks})", chunk
             ):
                 result[event_id] = membership
-                self._memberships.put(event_id, membership or "")
+                self._memberships.set(event_id, membership or "")
         return result
 
 

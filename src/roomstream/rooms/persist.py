@@ -50,12 +50,12 @@ from roomstream.events.auth import (
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.metrics import observe_persisted, persist_timer
 from roomstream.rooms.participants import PersistParticipant, TimelineInput
 from roomstream.rooms.store import (
     EventMeta,
     EventStore,
-    LruCache,
     chunks,
     current_state_txn,
     load_events_txn,
@@ -342,8 +342,9 @@ class EventPersister:
         # mutual exclusion is kept, and it goes once the last of them lets go (a lock per
         # room ever written would grow with the rooms forever).
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        self._rooms = LruCache(room_cache_size)
-        self._states = LruCache(state_cache_size)  # str(group id) -> StateMap
+        self._rooms: LruCache[str, _Room] = LruCache("persist_rooms", room_cache_size)
+        #: str(state group ID) -> its state map
+        self._states: LruCache[str, StateMap] = LruCache("persist_states", state_cache_size)
         # Decided but not yet committed: the queue, and its events by ID (later events
         # are built on top of them before they are stored).
         self._queue: list[_Pending] = []
@@ -514,8 +515,8 @@ class EventPersister:
 
     def _forget_room(self, room: _Room) -> None:
         room.poisoned = True
-        if self._rooms.get(room.room_id) is room:
-            del self._rooms[room.room_id]
+        if self._rooms.peek(room.room_id) is room:
+            self._rooms.pop(room.room_id)
 
     async def _commit_loop(self) -> None:
         """Commit queued batches, many at once, in queue order."""
@@ -571,7 +572,7 @@ class EventPersister:
                 # Stored now: keep its state in the group cache, not on the group object.
                 ctx.after.parent_state = None
                 if ctx.after.state is not None and ctx.after.group_id is not None:
-                    self._states.put(str(ctx.after.group_id), ctx.after.state)
+                    self._states.set(str(ctx.after.group_id), ctx.after.state)
                 ctx.after.state = None
         self.store.cache_events(ctx.event for ctx in p.contexts)
         for ctx, ordering in zip(p.contexts, orderings, strict=True):
@@ -590,7 +591,7 @@ class EventPersister:
     # -- loading ---------------------------------------------------------------------
 
     async def _load_room(self, room_id: str, batch: Sequence[Event]) -> _Room:
-        room: _Room | None = self._rooms.get_recent(room_id)
+        room: _Room | None = self._rooms.get(room_id)
         if room is not None:
             return room
         loaded = await self.db.run_interaction("load_room", _load_room_txn, room_id)
@@ -610,7 +611,7 @@ class EventPersister:
             room.extremities = {e: groups[e][1] if e in groups else None for e in extremities}
             if len(extremities) == 1:
                 room.current_group = next(iter(room.extremities.values()))
-        self._rooms.put(room_id, room)
+        self._rooms.set(room_id, room)
         return room
 
     async def _state_of(self, ref: GroupRef, contexts: Mapping[str, _Context]) -> StateMap:
@@ -625,10 +626,10 @@ class EventPersister:
             if ref.group_id is None:
                 raise RuntimeError("pending state group without its state")
             ref = ref.group_id  # created and committed by an earlier batch
-        cached: StateMap | None = self._states.get_recent(str(ref))
+        cached: StateMap | None = self._states.get(str(ref))
         if cached is None:
             cached = await self.db.run_interaction("get_state", get_state_txn, ref)
-            self._states.put(str(ref), cached)
+            self._states.set(str(ref), cached)
         return cached
 
     async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
 from roomstream.events.types import EventTypes
+from roomstream.lru import LruCache
 from roomstream.state.groups import StateMap, get_state_entry_txn, get_state_txn
 from roomstream.storage import Database, Transaction
 
@@ -45,26 +44,6 @@ class EventMeta:
     rejected_reason: str | None
     soft_failed: bool
     redacted_by: str | None
-
-
-class LruCache(OrderedDict[str, Any]):
-    """A small least-recently-used map."""
-
-    def __init__(self, max_size: int) -> None:
-        super().__init__()
-        self.max_size = max_size
-
-    def get_recent(self, key: str) -> Any:
-        value = self.get(key)
-        if value is not None:
-            self.move_to_end(key)
-        return value
-
-    def put(self, key: str, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.max_size:
-            self.popitem(last=False)
 
 
 def current_state_txn(txn: Transaction, room_id: str) -> StateMap:
@@ -137,7 +116,7 @@ class EventStore:
 
     def __init__(self, database: Database, event_cache_size: int = 20_000) -> None:
         self.db = database
-        self._events = LruCache(event_cache_size)
+        self._events: LruCache[str, Event] = LruCache("events", event_cache_size)
 
     # -- events ----------------------------------------------------------------------
 
@@ -147,7 +126,7 @@ class EventStore:
         found: dict[str, Event] = {}
         missing = []
         for event_id in wanted:
-            event = self._events.get_recent(event_id)
+            event = self._events.get(event_id)
             if event is None:
                 missing.append(event_id)
             else:
@@ -157,7 +136,7 @@ class EventStore:
         for part in chunks(missing, READ_SLICE_EVENTS):
             loaded = await self.db.run_interaction("load_events", load_events_txn, part)
             for event_id, event in loaded.items():
-                self._events.put(event_id, event)
+                self._events.set(event_id, event)
             found.update(loaded)
         return found
 
@@ -167,12 +146,11 @@ class EventStore:
     def cached_event(self, event_id: str) -> Event | None:
         """An event if the cache holds it. A plain lookup that does not reorder the cache,
         so database interactions may call it from their worker thread."""
-        event: Event | None = self._events.get(event_id)
-        return event
+        return self._events.peek(event_id)
 
     def cache_events(self, events: Iterable[Event]) -> None:
         for event in events:
-            self._events.put(event.event_id, event)
+            self._events.set(event.event_id, event)
 
     async def get_event_raw(self, event_id: str) -> bytes | None:
         """The exact bytes the event was received or created as."""
