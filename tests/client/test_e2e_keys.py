@@ -199,3 +199,25 @@ async def _max_ordering(hs: Homeserver) -> int:
         "test_query", lambda t: t.query_one("SELECT MAX(stream_ordering) FROM events")
     )
     return int(row[0])
+
+
+async def test_changes_between_sync_tokens_list_who_came_and_who_left(
+    homeserver: Homeserver,
+) -> None:
+    """``/keys/changes`` reads membership moves between the tokens' events parts, as
+    /sync does: a user who came to share a room is changed, one who shares none is left."""
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    carol = await hs.register("carol")
+    public = {"preset": "public_chat"}
+    room = (await hs.ok("POST", "/createRoom", public, token=alice.token))["room_id"]
+    await hs.ok("POST", f"/join/{room}", {}, token=bob.token)
+    before = (await hs.ok("GET", "/sync", token=alice.token))["next_batch"]
+    await hs.ok("POST", f"/rooms/{room}/leave", {}, token=bob.token)
+    await hs.ok("POST", f"/join/{room}", {}, token=carol.token)
+    after = (await hs.ok("GET", f"/sync?since={before}&timeout=0", token=alice.token))["next_batch"]
+    changes = await hs.ok("GET", f"/keys/changes?from={before}&to={after}", token=alice.token)
+    assert changes == {"changed": [carol.user_id], "left": [bob.user_id]}
+    nothing = await hs.ok("GET", f"/keys/changes?from={after}&to={after}", token=alice.token)
+    assert nothing == {"changed": [], "left": []}

@@ -5,6 +5,7 @@ its own part of the sync token), on both engines."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from tests.support.e2e_keys import Device
 from tests.support.homeserver import Homeserver
@@ -60,3 +61,62 @@ async def test_own_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
     await hs.ok("POST", "/keys/upload", {"device_keys": keys}, token=alice.token)
     woken = await asyncio.wait_for(poll, 30)
     assert woken["device_lists"]["changed"] == [alice.user_id]
+
+
+async def test_a_room_mates_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
+    """Waking is by the notifier's audience of the device_lists stream (the rooms of the
+    user whose device changed); without it the poll below would end at its timeout."""
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    room = (await hs.ok("POST", "/createRoom", {"preset": "public_chat"}, token=alice.token))[
+        "room_id"
+    ]
+    await hs.ok("POST", f"/join/{room}", {}, token=bob.token)
+    since = (await hs.ok("GET", "/sync", token=alice.token))["next_batch"]
+    poll = asyncio.create_task(
+        hs.ok("GET", f"/sync?since={since}&timeout=600000", token=alice.token)
+    )
+    keys = Device(bob.user_id, bob.device_id).device_keys()
+    await hs.ok("POST", "/keys/upload", {"device_keys": keys}, token=bob.token)
+    woken = await asyncio.wait_for(poll, 60)
+    assert woken["device_lists"]["changed"] == [bob.user_id]
+
+
+async def test_sharing_a_room_and_no_longer_sharing_one(homeserver: Homeserver) -> None:
+    """Who comes to share a room is in ``changed`` (the client may have missed their key
+    changes); who shares none any more is in ``left``, on both sides of a leave, and only
+    once they share no room at all."""
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    carol = await hs.register("carol")
+    public = {"preset": "public_chat"}
+    first = (await hs.ok("POST", "/createRoom", public, token=alice.token))["room_id"]
+    second = (await hs.ok("POST", "/createRoom", public, token=alice.token))["room_id"]
+    tokens = {
+        u.user_id: (await hs.ok("GET", "/sync", token=u.token))["next_batch"]
+        for u in (alice, bob, carol)
+    }
+
+    async def lists(user: Any) -> dict[str, list[str]]:
+        path = f"/sync?since={tokens[user.user_id]}&timeout=0"
+        body = await hs.ok("GET", path, token=user.token)
+        tokens[user.user_id] = body["next_batch"]
+        return dict(body["device_lists"])
+
+    await hs.ok("POST", f"/join/{first}", {}, token=bob.token)
+    await hs.ok("POST", f"/join/{second}", {}, token=bob.token)
+    assert await lists(alice) == {"changed": [bob.user_id], "left": []}
+    assert await lists(bob) == {"changed": [alice.user_id], "left": []}
+    await hs.ok("POST", f"/rooms/{first}/leave", {}, token=bob.token)
+    # Still sharing the second room: nobody left anyone.
+    assert (await lists(alice))["left"] == []
+    assert (await lists(bob))["left"] == []
+    await hs.ok("POST", f"/join/{second}", {}, token=carol.token)
+    await hs.ok("POST", f"/rooms/{second}/leave", {}, token=bob.token)
+    assert await lists(alice) == {"changed": [carol.user_id], "left": [bob.user_id]}
+    assert sorted((await lists(bob))["left"]) == sorted([alice.user_id, carol.user_id])
+    # Once gone, bob's device changes are not alice's business.
+    await hs.ok("PUT", f"/devices/{bob.device_id}", {"display_name": "x"}, token=bob.token)
+    assert (await lists(alice))["changed"] == []

@@ -55,14 +55,15 @@ def _claim_wanted(body: dict[str, Any]) -> dict[str, dict[str, str]]:
     return wanted
 
 
-def _device_lists_position(request: web.Request, name: str) -> int | None:
-    """The ``device_lists`` part of a sync token in the query (None: a token from before
-    that part existed)."""
+def _changes_token(request: web.Request, name: str) -> tuple[int | None, int]:
+    """(the ``device_lists`` part, the events part's lowest writer position) of a sync
+    token in the query; the first None for a token from before that part existed."""
     raw = request.query.get(name)
     if not raw:
         raise MissingParamError(f"missing {name}")
     token = SyncToken.parse(raw)
-    return token.position("device_lists") if raw.count("_") >= 5 else None
+    lists = token.position("device_lists") if raw.count("_") >= 5 else None
+    return lists, token.events.minimum
 
 
 def keys_routes(accounts: Accounts, keys: E2eKeys) -> list[Route]:
@@ -90,11 +91,15 @@ def keys_routes(accounts: Accounts, keys: E2eKeys) -> list[Route]:
 
     async def changes(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
-        since = _device_lists_position(request, "from")
-        upto = _device_lists_position(request, "to")
-        # A token without the stream's part: from its beginning / up to now.
+        since, events_from = _changes_token(request, "from")
+        upto, events_to = _changes_token(request, "to")
+        # A token without the stream's part: from its beginning / up to now. Membership
+        # moves between the tokens' events positions bring users in (changed) or out (left).
         changed, left = await keys.changed_since(
-            requester.user_id, since or 0, keys.position() if upto is None else upto
+            requester.user_id,
+            since or 0,
+            keys.position() if upto is None else upto,
+            membership_range=(events_from, max(events_from, events_to)),
         )
         return json_response({"changed": sorted(changed), "left": sorted(left)})
 

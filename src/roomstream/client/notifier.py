@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -72,6 +72,8 @@ def keys_for_row(
 
 
 LocalRowListener = Callable[[str, str, int, int, list[tuple[int, Any]]], object]
+#: Wake keys a stream's woken keys imply, found in the database (see Notifier.audiences).
+Audience = Callable[[list[str]], Awaitable[Iterable[str]]]
 
 
 class Waiter:
@@ -108,6 +110,12 @@ class Notifier:
         #: Called with (stream, writer, since, upto, updates) for every batch of local
         #: rows read here, before the syncs they concern are woken.
         self.local_row_listeners: list[LocalRowListener] = []
+        #: stream -> more keys to wake, read from the database, once a batch of the
+        #: stream's keys has been woken: whom a row concerns beyond its own keys (a
+        #: device change concerns every user sharing a room with its user: their syncs
+        #: listen on their rooms' keys). Woken a database read later than the row's keys.
+        self.audiences: dict[str, Audience] = {}
+        self._expanding: set[asyncio.Task[None]] = set()
         for name in WAKE_KEYS:
             if name not in streams:
                 continue
@@ -150,13 +158,33 @@ class Notifier:
 
     def notify_rows(self, stream_name: str, rows: Iterable[Sequence[Any]]) -> None:
         """Rows that are complete now (an in-memory stream this process writes)."""
-        self.wake_keys(k for row in rows for k in keys_for_row(stream_name, row))
+        self._wake_stream(stream_name, [k for row in rows for k in keys_for_row(stream_name, row)])
+
+    def _wake_stream(self, stream_name: str, keys: list[str]) -> None:
+        """Wake ``keys`` (a stream's rows' own), then, in the background, the keys its
+        audience (:attr:`audiences`) adds."""
+        self.wake_keys(keys)
+        audience = self.audiences.get(stream_name)
+        if audience is None or not keys or self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._wake_audience(audience, keys))
+        self._expanding.add(task)
+        task.add_done_callback(self._expanding.discard)
+
+    async def _wake_audience(self, audience: Audience, keys: list[str]) -> None:
+        try:
+            self.wake_keys(await audience(sorted(set(keys))))
+        except Exception:
+            # The row's own keys were woken; the others see it at their next wake.
+            logger.exception("finding whom woken keys concern failed")
 
     # -- local writes ------------------------------------------------------------------
 
     def close(self) -> None:
         """Stop reading local rows (the database is about to close); cancel reads."""
         self._closed = True
+        for task in list(self._expanding):
+            task.cancel()
         for task in self._fetching.values():
             task.cancel()
 
@@ -212,4 +240,4 @@ class Notifier:
         if not ready:
             return
         pending[:] = [(t, k) for t, k in pending if t > position]
-        self.wake_keys(k for keys in ready for k in keys)
+        self._wake_stream(stream_name, [k for keys in ready for k in keys])

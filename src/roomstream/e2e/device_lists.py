@@ -69,17 +69,34 @@ def changed_since_txn(t: Transaction, user_id: str, from_pos: int, to_pos: int) 
 def membership_changes_txn(
     t: Transaction, user_id: str, from_ordering: int, to_ordering: int
 ) -> set[str]:
-    """Users whose membership changed in ``(from_ordering, to_ordering]`` of the events
-    stream in a room ``user_id`` is joined to now or whose own membership changed then."""
+    """Users whose sharing of a room with ``user_id`` may have changed in
+    ``(from_ordering, to_ordering]`` of the events stream: those with a membership event
+    then in a room ``user_id`` is joined to now, and, for each room whose membership of
+    ``user_id`` itself moved then, its members then and now (joining a room brings its
+    members; leaving it takes them away)."""
     if to_ordering <= from_ordering:
         return set()
+    own_moves = (
+        "SELECT room_id FROM events WHERE type = 'm.room.member' AND state_key = ?"
+        " AND stream_ordering > ? AND stream_ordering <= ?"
+    )
     rows = t.query(
         "SELECT DISTINCT e.state_key FROM events e WHERE e.type = 'm.room.member'"
         " AND e.stream_ordering > ? AND e.stream_ordering <= ? AND (e.room_id IN ("
         "SELECT room_id FROM current_state_events WHERE type = 'm.room.member'"
-        " AND state_key = ? AND membership = 'join') OR e.room_id IN ("
-        "SELECT room_id FROM events WHERE type = 'm.room.member' AND state_key = ?"
-        " AND stream_ordering > ? AND stream_ordering <= ?))",
-        (from_ordering, to_ordering, user_id, user_id, from_ordering, to_ordering),
+        f" AND state_key = ? AND membership = 'join') OR e.room_id IN ({own_moves}))"
+        " UNION SELECT c.state_key FROM current_state_events c"
+        f" WHERE c.type = 'm.room.member' AND c.room_id IN ({own_moves})",
+        (
+            from_ordering,
+            to_ordering,
+            user_id,
+            user_id,
+            from_ordering,
+            to_ordering,
+            user_id,
+            from_ordering,
+            to_ordering,
+        ),
     )
     return {str(r[0]) for r in rows if r[0] is not None}

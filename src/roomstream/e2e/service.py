@@ -179,7 +179,8 @@ class E2eKeys:
             if membership_range is not None:
                 moved = device_lists.membership_changes_txn(t, user_id, *membership_range)
                 sharing = device_lists.shares_room_with_txn(t, user_id, moved)
-                changed |= sharing
+                # Their own membership moving tells users nothing about their own keys.
+                changed |= sharing - {user_id}
                 left = moved - sharing - {user_id}
             return changed, left
 

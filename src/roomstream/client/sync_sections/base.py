@@ -98,6 +98,11 @@ class SyncContext:
     prev_batch: str = ""
     #: Whether the response has something to say (a long poll ends when it has).
     has_news: bool = False
+    #: The events stream range ``(after, upto]`` of an incremental sync in which some
+    #: membership in the user's rooms (or the user's own) moved, as the rooms section
+    #: saw it (None: none moved, or not incremental): the device lists section reads
+    #: who came to share, or stopped sharing, a room with the user there.
+    membership_range: tuple[int, int] | None = None
     _joined: list[str] | None = None
 
     @property

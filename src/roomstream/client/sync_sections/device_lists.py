@@ -2,23 +2,50 @@
 ``device_lists`` stream.
 
 - ``device_lists.changed``: users sharing a room with the syncing user (and the user
-  themself) whose devices or keys changed since the token (none in an initial sync: the
-  client queries the keys it needs), ``left`` (users no longer sharing a room; empty
-  until room membership changes are read here);
+  themself) whose devices or keys changed since the token, and users who came to share a
+  room with them since (none in an initial sync: the client queries the keys it needs);
+  ``left``: users whose membership moved since the token and who share no room with the
+  syncing user now (see :meth:`roomstream.e2e.E2eKeys.changed_since`);
 - ``device_one_time_keys_count`` and ``device_unused_fallback_key_types``: the syncing
   device's key stock, in every answer (a client tops it up from these).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Self
 
-from roomstream.client.sync_sections.base import SyncContext, SyncSection, SyncServices, user_key
+from roomstream.client.sync_sections.base import (
+    SyncContext,
+    SyncSection,
+    SyncServices,
+    room_key,
+    user_key,
+)
 from roomstream.e2e import E2eKeys
 from roomstream.streams.rows import DeviceListsRow
 
-__all__ = ["DeviceListsSection"]
+__all__ = ["DeviceListsSection", "device_change_audience"]
+
+
+def device_change_audience(
+    rooms_of: Callable[[str], Awaitable[list[str]]],
+) -> Callable[[list[str]], Awaitable[Iterable[str]]]:
+    """The notifier's audience of a device change (``Notifier.audiences``): from the
+    woken user keys, the keys of every room those users are joined to (the syncs of
+    everyone sharing a room with them listen there)."""
+
+    async def audience(keys: list[str]) -> Iterable[str]:
+        rooms: set[str] = set()
+        for key in keys:
+            if key.startswith(USER_KEY_PREFIX):
+                rooms.update(await rooms_of(key[len(USER_KEY_PREFIX) :]))
+        return [room_key(r) for r in sorted(rooms)]
+
+    return audience
+
+
+USER_KEY_PREFIX = user_key("")
 
 
 class DeviceListsSection(SyncSection):
@@ -34,8 +61,8 @@ class DeviceListsSection(SyncSection):
 
     @staticmethod
     def wake_keys(row: Sequence[Any]) -> list[str]:
-        # The user's own syncs; others see the change at their next wake (waking every
-        # user sharing a room needs the rooms' members here).
+        # The user's own syncs; the notifier's audience for this stream
+        # (device_change_audience) then wakes the syncs sharing a room with them.
         return [user_key(DeviceListsRow.from_wire(row).user_id)]
 
     def current_position(self) -> int:
@@ -46,12 +73,16 @@ class DeviceListsSection(SyncSection):
             ctx.body["device_unused_fallback_key_types"] = []
             return upto
         changed: set[str] = set()
-        if since is not None and upto > since:
-            changed, _ = await self.keys.changed_since(ctx.user_id, since, upto)
+        left: set[str] = set()
+        moved = ctx.membership_range
+        if since is not None and (upto > since or moved is not None):
+            changed, left = await self.keys.changed_since(
+                ctx.user_id, since, max(since, upto), membership_range=moved
+            )
         counts, fallbacks = await self.keys.key_status(ctx.user_id, ctx.device_id)
-        ctx.body["device_lists"] = {"changed": sorted(changed), "left": []}
+        ctx.body["device_lists"] = {"changed": sorted(changed), "left": sorted(left)}
         ctx.body["device_one_time_keys_count"] = counts
         ctx.body["device_unused_fallback_key_types"] = fallbacks
-        if changed:
+        if changed or left:
             ctx.has_news = True
         return upto
