@@ -7,6 +7,8 @@ against /sync and /messages for the same data."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from roomstream.sliding.store import SlidingStore
@@ -513,3 +515,63 @@ async def test_a_knocked_room_comes_with_its_stripped_state(homeserver: Homeserv
     joined = third["rooms"][room_id]
     assert joined["membership"] == "join" and joined["initial"] is True
     assert bodies(joined["timeline"]) in ([], ["members only"])
+
+
+async def test_e2ee_extension_follows_device_lists_and_key_counts(homeserver: Homeserver) -> None:
+    """The ``e2ee`` extension (MSC3884, Element X asks for it): the device's key counts in
+    every answer; device list changes since the connection's last position (a room-mate's
+    new keys, who came to share a room, who shares none any more), and only those end a
+    long poll (the counts alone do not)."""
+    from tests.support.e2e_keys import Device
+
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    carol = await hs.register("carol")
+    room = (await hs.ok("POST", "/createRoom", {"preset": "public_chat"}, token=alice.token))[
+        "room_id"
+    ]
+    await hs.ok("POST", f"/join/{room}", {}, token=bob.token)
+    body = {"lists": room_list([0, 9]), "extensions": {"e2ee": {"enabled": True}}}
+    first = await sliding(hs, alice, body)
+    assert first["extensions"]["e2ee"] == {
+        "device_lists": {"changed": [], "left": []},
+        "device_one_time_keys_count": {"signed_curve25519": 0},
+        "device_unused_fallback_key_types": [],
+    }
+    mine = Device(alice.user_id, alice.device_id)
+    otks = {"one_time_keys": mine.one_time_keys(["a", "b"])}
+    await hs.ok("POST", "/keys/upload", otks, token=alice.token)
+    # A count changing is not news: a long poll from before the upload waits (it starts
+    # listening), and bob's new keys then end it at once (it would wait ten minutes).
+    notifier = hs.process.notifier
+    listening = asyncio.Event()
+    original_listen = notifier.listen
+
+    @contextlib.contextmanager
+    def listen(user_id: str, room_ids: Any) -> Iterator[Any]:
+        with original_listen(user_id, room_ids) as waiter:
+            listening.set()
+            yield waiter
+
+    notifier.listen = listen  # type: ignore[method-assign]
+    poll = asyncio.create_task(sliding(hs, alice, body, pos=first["pos"], wait_ms=600_000))
+    started = asyncio.create_task(listening.wait())
+    done, _ = await asyncio.wait({poll, started}, return_when=asyncio.FIRST_COMPLETED)
+    assert started in done and poll not in done, "the key counts alone ended the long poll"
+    keys = {"device_keys": Device(bob.user_id, bob.device_id).device_keys()}
+    await hs.ok("POST", "/keys/upload", keys, token=bob.token)
+    woken = await asyncio.wait_for(poll, 60)
+    del notifier.listen
+    assert woken["extensions"]["e2ee"]["device_lists"] == {"changed": [bob.user_id], "left": []}
+    assert woken["extensions"]["e2ee"]["device_one_time_keys_count"] == {"signed_curve25519": 2}
+    await hs.ok("POST", f"/join/{room}", {}, token=carol.token)
+    await hs.ok("POST", f"/rooms/{room}/leave", {}, token=bob.token)
+    later = await sliding(hs, alice, body, pos=woken["pos"])
+    assert later["extensions"]["e2ee"]["device_lists"] == {
+        "changed": [carol.user_id],
+        "left": [bob.user_id],
+    }
+    # Not asked for: not sent.
+    plain = await sliding(hs, alice, {"lists": room_list([0, 9])}, pos=later["pos"])
+    assert "e2ee" not in plain["extensions"]

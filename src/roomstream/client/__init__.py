@@ -203,7 +203,11 @@ class ClientProcess:
                 *sliding_sync_routes(
                     self.accounts,
                     SlidingSyncHandler(
-                        self.reader, self.userdata, self.typing_state, self.notifier
+                        self.reader,
+                        self.userdata,
+                        self.typing_state,
+                        self.notifier,
+                        keys=self.keys,
                     ),
                 ),
                 *directory_routes(self.accounts, DirectoryReader(engine.db), config.server_name),

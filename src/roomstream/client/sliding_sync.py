@@ -29,6 +29,7 @@ from roomstream.client.request import json_response, read_json
 from roomstream.client.server import Route, authenticate
 from roomstream.client.typing import TypingState
 from roomstream.client.userdata import UserData
+from roomstream.e2e import E2eKeys
 from roomstream.events.types import EventTypes
 from roomstream.lru import LruCache
 from roomstream.reading import (
@@ -143,9 +144,12 @@ class SlidingSyncHandler:
         notifier: Notifier,
         connections: ConnectionStore | None = None,
         *,
+        keys: E2eKeys | None = None,
         max_cached_lists: int = 10_000,
     ) -> None:
         self.reader = reader
+        #: End-to-end encryption's keys (None: the e2ee extension says nothing changed).
+        self.keys = keys
         self.userdata = userdata
         self.typing = typing
         self.notifier = notifier
@@ -299,6 +303,8 @@ class SlidingSyncHandler:
         # What changed since the client's position (the read path's incremental read;
         # rooms with nothing new are skipped without a query).
         changed: dict[str, RoomTimeline] = {}
+        #: The events range in which a membership moved (for the e2ee extension).
+        moved: tuple[int, int] | None = None
         if previous is not None:
             since: EventsToken = previous.positions["events"]
             limits = [c.config.timeline_limit for c in request.lists.values()]
@@ -308,6 +314,8 @@ class SlidingSyncHandler:
             )
             changed = result.rooms
             token = result.next_token
+            if result.members_moved():
+                moved = (since.minimum, token.maximum)
             all_entries = await self._room_list(
                 user_id, previous.entries, changed, bool(result.membership_changes)
             )
@@ -399,13 +407,15 @@ class SlidingSyncHandler:
 
         window = set(configs)
         extensions = await self._extensions(
-            requester, request, previous, positions, window, by_id, plans
+            requester, request, previous, positions, window, by_id, plans, moved
         )
         rooms_map = dict(previous.rooms) if previous is not None else {}
         rooms_map.update(new_sent)
         positions["events"] = token
         positions["window"] = frozenset(window)
         positions["to_device"] = extensions.pop("_to_device_end", 0)
+        # The key counts come in every e2ee answer; only device list changes are news.
+        e2ee_news = extensions.pop("_e2ee_news", False)
         snapshot = Snapshot(positions, rooms_map, list_counts, all_entries)
         body: dict[str, Any] = {
             "lists": {name: {"count": count} for name, count in list_counts.items()},
@@ -413,7 +423,8 @@ class SlidingSyncHandler:
             "extensions": extensions,
         }
         counts_same = previous is not None and previous.list_counts == list_counts
-        empty = not rooms_out and not any(extensions.values()) and counts_same
+        news = e2ee_news or any(v for k, v in extensions.items() if k != "e2ee")
+        empty = not rooms_out and not news and counts_same
         return _Built(body, snapshot, empty, window)
 
     async def _room_list(
@@ -706,6 +717,7 @@ class SlidingSyncHandler:
         window: set[str],
         by_id: dict[str, RoomEntry],
         plans: list[_Plan],
+        moved: tuple[int, int] | None,
     ) -> dict[str, Any]:
         ext = request.extensions
         user_id = requester.user_id
@@ -726,6 +738,10 @@ class SlidingSyncHandler:
                 result["to_device"] = {"next_batch": str(end), "events": messages}
         elif previous is not None:
             result["_to_device_end"] = previous.positions["to_device"]
+        if ext.e2ee and requester.device_id is not None:
+            result.update(await self._e2ee(requester, previous, positions, moved))
+        elif previous is not None and "device_lists" in previous.positions:
+            positions["device_lists"] = previous.positions["device_lists"]
         if ext.account_data:
             since = 0 if previous is None else previous.positions["account_data"]
             global_data, room_data = await self.userdata.account_data_since(
@@ -771,6 +787,43 @@ class SlidingSyncHandler:
                     }
                 }
         return result
+
+    async def _e2ee(
+        self,
+        requester: Requester,
+        previous: Snapshot | None,
+        positions: dict[str, Any],
+        moved: tuple[int, int] | None,
+    ) -> dict[str, Any]:
+        """The ``e2ee`` extension (MSC3884), as /sync's device lists section: device list
+        changes since the connection's last position (none on its first response: the
+        client queries the keys it needs) and the device's one-time key counts and unused
+        fallback key types, in every answer."""
+        assert requester.device_id is not None
+        user_id = requester.user_id
+        if self.keys is None:
+            body = {
+                "device_lists": {"changed": [], "left": []},
+                "device_one_time_keys_count": {},
+                "device_unused_fallback_key_types": [],
+            }
+            return {"e2ee": body}
+        upto = self.keys.position()
+        positions["device_lists"] = upto
+        since = None if previous is None else previous.positions.get("device_lists")
+        changed: set[str] = set()
+        left: set[str] = set()
+        if since is not None and (upto > since or moved is not None):
+            changed, left = await self.keys.changed_since(
+                user_id, since, max(since, upto), membership_range=moved
+            )
+        counts, fallbacks = await self.keys.key_status(user_id, requester.device_id)
+        body = {
+            "device_lists": {"changed": sorted(changed), "left": sorted(left)},
+            "device_one_time_keys_count": counts,
+            "device_unused_fallback_key_types": fallbacks,
+        }
+        return {"e2ee": body, "_e2ee_news": bool(changed or left)}
 
 
 _MISSING = object()

@@ -80,6 +80,15 @@ class SyncResult:
     rooms: dict[str, RoomTimeline]
     membership_changes: list[ClientEvent]
 
+    def members_moved(self) -> bool:
+        """Whether a membership moved in the range: the user's own, or another's in a
+        room's timeline or state delta (who shares a room with the user may differ)."""
+        return bool(self.membership_changes) or any(
+            e.get("type") == "m.room.member"
+            for t in self.rooms.values()
+            for e in (*t.events, *t.state)
+        )
+
 
 _CURSOR_RE = re.compile(r"r(-?[0-9]{1,19})\.(.+)")
 

@@ -167,6 +167,8 @@ class Extensions:
     account_data: bool = False
     receipts: bool = False
     typing: bool = False
+    #: device list changes and the device's key counts (MSC3884)
+    e2ee: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +297,8 @@ def _extensions(value: Any) -> Extensions:
     account_data, _ = _enabled(value.get("account_data"), "extensions.account_data")
     receipts, _ = _enabled(value.get("receipts"), "extensions.receipts")
     typing, _ = _enabled(value.get("typing"), "extensions.typing")
-    return Extensions(to_device, limit, since, account_data, receipts, typing)
+    e2ee, _ = _enabled(value.get("e2ee"), "extensions.e2ee")
+    return Extensions(to_device, limit, since, account_data, receipts, typing, e2ee)
 
 
 def _timeout(value: Any) -> int:

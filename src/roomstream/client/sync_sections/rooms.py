@@ -9,7 +9,7 @@ with nothing to say from an incremental sync, and adds summaries and unread coun
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Self
 
@@ -138,7 +138,7 @@ class RoomsSection(SyncSection):
         ]:
             del invite[room_id]  # invites from ignored users are dropped (spec)
         ctx.prev_batch = result.next_token.to_string() if since is None else since.to_string()
-        if since is not None and _members_moved(result.rooms.values(), result.membership_changes):
+        if since is not None and result.members_moved():
             # Over the whole range (from the slowest writer's position): the device lists
             # section may over-report who changed, never miss one.
             ctx.membership_range = (since.minimum, result.next_token.maximum)
@@ -201,16 +201,6 @@ class RoomsSection(SyncSection):
         for timeline in page.rooms:
             if timeline.room_id in invited:
                 invite[timeline.room_id] = {"invite_state": events(timeline.state)}
-
-
-def _members_moved(
-    timelines: Iterable[RoomTimeline], membership_changes: Sequence[dict[str, Any]]
-) -> bool:
-    """Whether a sync's rooms show a membership event (the user's own, or another's in
-    their timeline or state delta)."""
-    return bool(membership_changes) or any(
-        e.get("type") == EventTypes.MEMBER for t in timelines for e in (*t.events, *t.state)
-    )
 
 
 def _state_only(timeline: RoomTimeline, now: EventsToken, *, merge: bool) -> RoomTimeline:
