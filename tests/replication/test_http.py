@@ -7,6 +7,7 @@ import logging
 import aiohttp
 import pytest
 
+from roomstream.replication import endpoints as ep
 from roomstream.replication.http import PREFIX
 from tests.support.replication import (
     ClusterFactory,
@@ -33,7 +34,11 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
     w2 = await cluster.start("w2")
     alice = f"@alice:{cluster.config.server_name}"
     by_owner = await rooms_by_owner(
-        lambda i: w1.http_client.create_room("w1", alice, f"room{i}"), ["w1", "w2"], 3
+        lambda i: w1.http_client.call(
+            ep.CREATE_NAMED_ROOM, "w1", ep.CreateNamedRoomCall(alice, f"room{i}")
+        ),
+        ["w1", "w2"],
+        3,
     )
     owners = {room: owner for owner, rooms in by_owner.items() for room in rooms}
     rooms = list(owners)
@@ -86,11 +91,14 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
                 "upto": 3,
                 "limited": False,
             }
-        assert await w2.http_client.get_updates("w1", "typing", 0, 3, 2) == (
-            [(1, ["!t0:x", ["@u0:x"]]), (2, ["!t1:x", ["@u1:x"]])],
-            2,
-            True,
-        )
+        call = ep.StreamUpdatesCall(stream="typing", writer="w1", from_token=0, upto=3, limit=2)
+        query = "writer=w1&from=0&upto=3&limit=2"  # as earlier releases sent it
+        assert ep.STREAM_UPDATES.url(call) == f"/streams/typing/updates?{query}"
+        assert await w2.http_client.call(ep.STREAM_UPDATES, "w1", call) == {
+            "updates": [[1, ["!t0:x", ["@u0:x"]]], [2, ["!t1:x", ["@u1:x"]]]],
+            "upto": 2,
+            "limited": True,
+        }
         for query, code in [
             ("typing/updates?from=x", (400, "M_INVALID_PARAM")),
             ("typing/updates", (400, "M_MISSING_PARAM")),
@@ -123,7 +131,8 @@ async def test_bearer_token_required_when_a_secret_is_configured(
         async with http.get(url, headers={"Authorization": "Bearer hunter2"}) as r:
             assert r.status == 200
             assert (await r.json())["instance"] == "w1"
-    assert (await w1.http_client.health("w1"))["status"] == "ok"  # the client sends it
+    health = await w1.http_client.call(ep.HEALTH, "w1", ep.HealthCall())  # the client sends it
+    assert health["status"] == "ok"
     assert PREFIX in url
 
 
@@ -139,7 +148,11 @@ async def test_writer_down_unknown_room_and_second_create_are_matrix_errors(
     w1 = await cluster.start("w1")  # w2 stays down for now
     alice = f"@alice:{cluster.config.server_name}"
     by_owner = await rooms_by_owner(
-        lambda i: w1.http_client.create_room("w1", alice, f"r{i}"), ["w1", "w2"], 1
+        lambda i: w1.http_client.call(
+            ep.CREATE_NAMED_ROOM, "w1", ep.CreateNamedRoomCall(alice, f"r{i}")
+        ),
+        ["w1", "w2"],
+        1,
     )
     base = w1.http_client.base_url("w1")
     message = {"sender": alice, "type": "m.room.message", "content": {"body": "hi"}}
