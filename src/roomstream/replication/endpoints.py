@@ -38,6 +38,7 @@ handler bound where the process is composed (for a client write, in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping
@@ -219,19 +220,21 @@ class _Param:
     id: Id | None
     omit_none: bool
     type_error: type[NamedError]
-    #: The dataclass default (``dataclasses.MISSING`` for none), taken when absent.
-    default: Any
+    #: Makes the dataclass default (a fresh one per request: it may be a dict), taken
+    #: when the field is absent; None for no default other than None.
+    default: Callable[[], Any] | None
 
     def read(self, values: Mapping[str, Any]) -> Any:
-        if self.wire not in values and self.default is not dataclasses.MISSING:
-            return self.default
+        if self.default is not None:
+            if self.wire not in values:
+                return self.default()
+            if values[self.wire] is None:  # only absence means the default
+                raise self.type_error(f"{self.wire} must be a {self.kind.__name__}")
         if self.source == "query" and self.kind is int:
             number = read_query_int(values, self.wire)
             if number is None and not self.optional:
                 raise MissingParamError(f"missing query parameter {self.wire}")
             return number
-        if values.get(self.wire) is None and self.default is not dataclasses.MISSING:
-            raise self.type_error(f"{self.wire} must be a {self.kind.__name__}")  # null
         if self.id is not None:
             return read_identifier(
                 values,
@@ -244,6 +247,10 @@ class _Param:
         return read_field(
             values, self.wire, self.kind, optional=self.optional, type_error=self.type_error
         )
+
+
+def _same(value: T) -> T:
+    return value
 
 
 def _params(request: type, method: str) -> tuple[_Param, ...]:
@@ -268,11 +275,11 @@ def _params(request: type, method: str) -> tuple[_Param, ...]:
         assert kind in allowed, f"{request.__name__}.{f.name}: {hint} in the {source}"
         ident: Id | None = next((e for e in extras if isinstance(e, Id)), None)
         wire = next((e.name for e in extras if isinstance(e, Wire)), f.name)
-        default: Any = f.default
+        default: Callable[[], Any] | None = None  # a default of None: absent is null
         if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        if default is None:
-            default = dataclasses.MISSING  # absent and null alike: None
+            default = f.default_factory
+        elif f.default is not dataclasses.MISSING and f.default is not None:
+            default = functools.partial(_same, f.default)
         type_error = MissingParamError if TYPE_MISSING in extras else BadJsonError
         omit = OMIT_NONE in extras
         params.append(
