@@ -96,6 +96,7 @@ __all__ = [
     "Wire",
     "read_field",
     "read_identifier",
+    "read_query_int",
 ]
 
 
