@@ -54,6 +54,7 @@ from common import (
 )
 from roomstream.config import Config, parse_config
 from roomstream.homeserver import Homeserver, open_room_engine
+from roomstream.replication import endpoints as ep
 from roomstream.replication.commands import PositionCommand, RdataCommand, serialize
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import InternalHttpClient
@@ -263,7 +264,7 @@ async def bench_latency_case(
     try:
 
         async def reader_ready() -> bool:
-            health = await http.health("reader")
+            health = await http.call(ep.HEALTH, "reader", ep.HealthCall())
             return "w1" in health["positions"].get("caches", {})
 
         await _poll(reader_ready, 60, "reader")
@@ -307,7 +308,7 @@ async def bench_latency_case(
         target = node.broadcaster.stored_token("caches")
 
         async def caught_up() -> bool:
-            health = await http.health("reader")
+            health = await http.call(ep.HEALTH, "reader", ep.HealthCall())
             return bool(health["positions"]["caches"]["w1"] >= target)
 
         await _poll(caught_up, 120, "reader caught up")

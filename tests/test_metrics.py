@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from roomstream.config import parse_config
 from roomstream.errors import MatrixError
+from roomstream.replication import endpoints as ep
 from roomstream.replication import follower as follower_module
 from roomstream.replication.commands import PositionCommand, RdataCommand
 from roomstream.replication.follower import StreamFollower
@@ -145,7 +146,7 @@ async def test_metrics_of_real_instances_after_traffic(
 
             async def ready() -> bool:
                 for name in ("w1", "reader"):
-                    if (await client.health(name))["status"] != "ok":
+                    if (await client.call(ep.HEALTH, name, ep.HealthCall()))["status"] != "ok":
                         return False
                 return True
 
@@ -156,12 +157,15 @@ async def test_metrics_of_real_instances_after_traffic(
                 ignoring=not_listening_yet,
                 details=logs_text,
             )
-            room = await client.create_room("w1", "@alice:metrics.test", "metrics")
+            room = await client.call(
+                ep.CREATE_NAMED_ROOM, "w1", ep.CreateNamedRoomCall("@alice:metrics.test", "metrics")
+            )
             last = 0
             for i in range(5):
-                result = await client.send_event(
+                call = ep.SendEventCall(
                     room, "@alice:metrics.test", "m.room.message", {"body": str(i)}
                 )
+                result = await client.call(ep.SEND_EVENT, client.room_owner(room), call)
                 last = int(result["stream_ordering"])
             async with http.get(f"http://127.0.0.1:{ports['w1']}/no/such/thing") as resp:
                 assert resp.status == 404

@@ -15,6 +15,7 @@ from roomstream.config import Config, ConfigError
 from roomstream.errors import ServiceUnavailableError
 from roomstream.events.types import EventTypes
 from roomstream.homeserver import open_room_engine, run_instance
+from roomstream.replication import endpoints as ep
 from roomstream.replication.http import InternalHttpClient
 from roomstream.rooms.creation import RoomPreset
 
@@ -75,7 +76,7 @@ async def run_with_demo_traffic(config: Config, console: Console) -> int:
             if instance.done():
                 return instance.result()
             try:
-                await client.health(config.instance_name)
+                await client.call(ep.HEALTH, config.instance_name, ep.HealthCall())
                 break
             except (OSError, aiohttp.ClientError, ServiceUnavailableError):
                 await asyncio.sleep(0.1)  # polling a server that is starting
@@ -93,13 +94,17 @@ async def run_with_demo_traffic(config: Config, console: Console) -> int:
             highlight=False,
         )
         alice = f"@alice:{config.server_name}"
-        room_id = await client.create_room(config.instance_name, alice, "roomstream demo")
+        room_id = await client.call(
+            ep.CREATE_NAMED_ROOM,
+            config.instance_name,
+            ep.CreateNamedRoomCall(alice, "roomstream demo"),
+        )
         count = 0
         while not instance.done():
             count += 1
-            await client.send_event(
-                room_id, alice, EventTypes.MESSAGE, {"msgtype": "m.text", "body": f"tick {count}"}
-            )
+            message = {"msgtype": "m.text", "body": f"tick {count}"}
+            call = ep.SendEventCall(room_id, alice, EventTypes.MESSAGE, message)
+            await client.call(ep.SEND_EVENT, client.room_owner(room_id), call)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(instance), 2.0)
         return instance.result()

@@ -138,16 +138,14 @@ class Homeserver:
             )
             node.listeners.append(self.client)
         if me.internal_port is not None:
-            events_writer = config.instance_name in config.writers_of("events")
+            forwarded = self.client.forwarded.bindings() if self.client is not None else []
             self.internal = internal = InternalHttpServer(
                 config,
                 memory_streams=node.memory,
-                send_event=node.send_event_locally if events_writer else None,
-                create_room=node.create_room_locally if events_writer else None,
                 status=node.status,
                 client=node.http_client,
                 metrics=lambda: metrics.render(node.metrics_registry),
-                client_writes=self.client.forwarded.bindings() if self.client is not None else (),
+                bindings=[*node.event_writes(), *forwarded],
             )
             port = await start_listener(config, "internal_port", me.internal_port, internal.start)
             logger.info("internal HTTP listening on %s:%d", me.host, port)

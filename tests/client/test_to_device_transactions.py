@@ -107,7 +107,7 @@ async def test_a_forwarded_send_is_idempotent_too(homeserver: Homeserver, tmp_pa
             "instances": {"main": {"internal_port": port}},
         }
     )
-    server = InternalHttpServer(config, client_writes=hs.process.forwarded.bindings())
+    server = InternalHttpServer(config, bindings=hs.process.forwarded.bindings())
     await server.start(host="127.0.0.1", port=port)
     client = InternalHttpClient(config)
     try:

@@ -31,6 +31,7 @@ from psycopg import sql
 
 from roomstream.config import parse_config
 from roomstream.errors import MatrixError
+from roomstream.replication import endpoints as ep
 from roomstream.replication.http import InternalHttpClient
 from tests.support.ports import free_port
 from tests.support.sharding import rooms_by_owner
@@ -116,9 +117,11 @@ class Load:
             room = self.rooms[(worker + n) % len(self.rooms)]
             n += 1
             try:
-                result = await self.client.send_event(
+                call = ep.SendEventCall(
                     room, self.sender, "m.room.message", {"body": f"{worker}-{n}"}
                 )
+                owner = self.client.room_owner(room)
+                result = await self.client.call(ep.SEND_EVENT, owner, call)
             except (TimeoutError, OSError, MatrixError, Exception):
                 self.failed += 1
                 await asyncio.sleep(0.02)  # back off from a dead writer; not synchronisation
@@ -182,7 +185,7 @@ async def test_writers_killed_and_slow_reader_lose_nothing(
 
     async def healthy(name: str) -> dict[str, Any]:
         async def check() -> dict[str, Any]:
-            return await client.health(name)
+            return await client.call(ep.HEALTH, name, ep.HealthCall())
 
         return await wait_for(check, 120, f"{name} healthy", interval=0.05, ignoring=NOT_YET)
 
@@ -194,7 +197,8 @@ async def test_writers_killed_and_slow_reader_lose_nothing(
 
         async def create(i: int) -> str:
             writer = ("w1", "w2")[i % 2]
-            return await client.create_room(writer, alice, f"{writer}-{i}")
+            call = ep.CreateNamedRoomCall(alice, f"{writer}-{i}")
+            return await client.call(ep.CREATE_NAMED_ROOM, writer, call)
 
         # Rooms on both writers whatever their random IDs hash to: the load must keep
         # going on w2 while w1 is down, and both writers must stream to the reader.
@@ -241,11 +245,11 @@ async def test_writers_killed_and_slow_reader_lose_nothing(
         async def settled() -> dict[str, Any] | None:
             written = {}
             for w in ("w1", "w2"):
-                status = await client.health(w)
+                status = await client.call(ep.HEALTH, w, ep.HealthCall())
                 if status["written"]["events"] != status["local"]["events"]:
                     return None  # a position store is still under way
                 written[w] = status["written"]["events"]
-            health = await client.health("reader")
+            health = await client.call(ep.HEALTH, "reader", ep.HealthCall())
             if health["positions"].get("events") == written:
                 return health
             return None

@@ -5,6 +5,7 @@ read back what they encode, and they refuse bodies the hand-written handlers ref
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from hypothesis import given
@@ -158,4 +159,114 @@ def test_bad_bodies_are_refused_with_a_400(
 ) -> None:
     with pytest.raises(MatrixError) as caught:
         endpoint.parse(body)
+    assert (caught.value.http_status, caught.value.errcode) == (400, errcode)
+
+
+# -- the instance's own endpoints (the first routes of the internal API) --------------
+
+
+HISTORICAL_USER = st.from_regex(r"@[a-z0-9._=/-]{1,20}:[a-z.]{1,10}", fullmatch=True)
+
+
+@given(
+    room=ROOM,
+    sender=HISTORICAL_USER,
+    kind=IDENT,
+    content=CONTENT,
+    state_key=_or_none(TEXT.filter(lambda s: "\x00" not in s)),
+    redacts=_or_none(EVENT),
+)
+def test_send_event_is_the_request_of_earlier_releases(
+    room: str,
+    sender: str,
+    kind: str,
+    content: dict[str, Any],
+    state_key: str | None,
+    redacts: str | None,
+) -> None:
+    call = ep.SendEventCall(room, sender, kind, content, state_key, redacts)
+    # What InternalHttpClient.send_event of earlier releases sent: the room quoted whole
+    # in the path; state_key and redacts only when given.
+    body: dict[str, Any] = {"sender": sender, "type": kind, "content": content}
+    if state_key is not None:
+        body["state_key"] = state_key
+    if redacts is not None:
+        body["redacts"] = redacts
+    assert ep.SEND_EVENT.url(call) == f"/rooms/{quote(room, safe='')}/send_event"
+    assert ep.SEND_EVENT.encode(call) == body
+    assert ep.SEND_EVENT.parse(body, {"room_id": room}) == call
+
+
+def test_the_instance_endpoints_are_those_of_earlier_releases() -> None:
+    assert [(e.method, e.path, e.stream) for e in ep.INSTANCE_ENDPOINTS] == [
+        ("GET", "/health", None),
+        ("GET", "/streams/{stream}/updates", None),
+        ("POST", "/rooms/{room_id}/send_event", "events"),
+        ("POST", "/create_room", "events"),
+    ]
+    assert ep.HEALTH.url(ep.HealthCall()) == "/health"
+    assert ep.HEALTH.encode(ep.HealthCall()) is None  # a GET has no body
+    assert ep.HEALTH.parse({"x": "1"}) == ep.HealthCall()
+    doc = {"instance": "w1", "status": "ok", "positions": {}}
+    assert ep.HEALTH.encode_answer(doc) == doc == ep.HEALTH.decode_answer(doc)
+    updates = ep.StreamUpdatesCall(stream="typing", writer="w1", from_token=-1, upto=9, limit=5)
+    assert ep.STREAM_UPDATES.url(updates) == (
+        "/streams/typing/updates?writer=w1&from=-1&upto=9&limit=5"
+    )
+    query = {"writer": "w1", "from": "-1", "upto": "9", "limit": "5"}
+    assert ep.STREAM_UPDATES.parse(query, {"stream": "typing"}) == updates
+    assert ep.STREAM_UPDATES.parse({"from": "0"}, {"stream": "typing"}) == ep.StreamUpdatesCall(
+        stream="typing", writer=None, from_token=0, upto=None, limit=1000
+    )
+    # create_room sends its name even when None (as null); absent reads as null.
+    create = ep.CreateNamedRoomCall("@u:x", None)
+    assert ep.CREATE_NAMED_ROOM.encode(create) == {"creator": "@u:x", "name": None}
+    assert ep.CREATE_NAMED_ROOM.parse({"creator": "@u:x"}) == create
+    assert ep.CREATE_NAMED_ROOM.decode_answer({"room_id": "!r"}) == "!r"
+    assert ep.SEND_EVENT.parse(
+        {"sender": "@u:x", "type": "t"}, {"room_id": "!r"}
+    ) == ep.SendEventCall("!r", "@u:x", "t", {})
+
+
+SEND_EVENT = {"sender": "@u:x", "type": "m.t", "content": {}}
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "values", "path", "errcode"),
+    [
+        (ep.SEND_EVENT, SEND_EVENT, {"room_id": "!"}, Codes.INVALID_PARAM),
+        (ep.SEND_EVENT, SEND_EVENT, {"room_id": "r"}, Codes.INVALID_PARAM),
+        (ep.SEND_EVENT, SEND_EVENT, {"room_id": "!r\x01"}, Codes.INVALID_PARAM),
+        (ep.SEND_EVENT, {**SEND_EVENT, "sender": None}, {"room_id": "!r"}, Codes.MISSING_PARAM),
+        (ep.SEND_EVENT, {**SEND_EVENT, "sender": 5}, {"room_id": "!r"}, Codes.MISSING_PARAM),
+        (ep.SEND_EVENT, {**SEND_EVENT, "sender": "@u"}, {"room_id": "!r"}, Codes.INVALID_PARAM),
+        (ep.SEND_EVENT, {**SEND_EVENT, "type": True}, {"room_id": "!r"}, Codes.MISSING_PARAM),
+        (ep.SEND_EVENT, {**SEND_EVENT, "type": ""}, {"room_id": "!r"}, Codes.INVALID_PARAM),
+        (ep.SEND_EVENT, {**SEND_EVENT, "content": None}, {"room_id": "!r"}, Codes.BAD_JSON),
+        (ep.SEND_EVENT, {**SEND_EVENT, "content": "x"}, {"room_id": "!r"}, Codes.BAD_JSON),
+        (ep.SEND_EVENT, {**SEND_EVENT, "state_key": 1}, {"room_id": "!r"}, Codes.BAD_JSON),
+        (ep.SEND_EVENT, {**SEND_EVENT, "state_key": "\x00"}, {"room_id": "!r"}, "M_INVALID_PARAM"),
+        (ep.SEND_EVENT, {**SEND_EVENT, "redacts": "!e"}, {"room_id": "!r"}, Codes.INVALID_PARAM),
+        (ep.CREATE_NAMED_ROOM, {}, {}, Codes.MISSING_PARAM),
+        (ep.CREATE_NAMED_ROOM, {"creator": ["@u:x"]}, {}, Codes.MISSING_PARAM),
+        (ep.CREATE_NAMED_ROOM, {"creator": "@u:x", "name": {}}, {}, Codes.MISSING_PARAM),
+        (ep.STREAM_UPDATES, {}, {"stream": "typing"}, Codes.MISSING_PARAM),
+        (ep.STREAM_UPDATES, {"from": "x"}, {"stream": "typing"}, Codes.INVALID_PARAM),
+        (ep.STREAM_UPDATES, {"from": "1e3"}, {"stream": "typing"}, Codes.INVALID_PARAM),
+        (ep.STREAM_UPDATES, {"from": "--1"}, {"stream": "typing"}, Codes.INVALID_PARAM),
+        (ep.STREAM_UPDATES, {"from": "9" * 21}, {"stream": "typing"}, Codes.INVALID_PARAM),
+        (ep.STREAM_UPDATES, {"from": "0", "upto": ""}, {"stream": "typing"}, "M_INVALID_PARAM"),
+        (ep.STREAM_UPDATES, {"from": "0", "limit": "0"}, {"stream": "typing"}, "M_INVALID_PARAM"),
+        (ep.STREAM_UPDATES, {"from": "0", "limit": "10001"}, {"stream": "t"}, "M_INVALID_PARAM"),
+    ],
+)
+def test_bad_requests_to_the_instance_endpoints_are_refused_with_a_400(
+    endpoint: ep.InternalEndpoint[Any, Any],
+    values: dict[str, Any],
+    path: dict[str, str],
+    errcode: str,
+) -> None:
+    with pytest.raises(MatrixError) as caught:
+        endpoint.read_path(path)
+        endpoint.parse(values, path)
     assert (caught.value.http_status, caught.value.errcode) == (400, errcode)

@@ -7,6 +7,7 @@ import logging
 import aiohttp
 import pytest
 
+from roomstream.replication import endpoints as ep
 from roomstream.replication.http import PREFIX
 from tests.support.replication import (
     ClusterFactory,
@@ -33,7 +34,11 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
     w2 = await cluster.start("w2")
     alice = f"@alice:{cluster.config.server_name}"
     by_owner = await rooms_by_owner(
-        lambda i: w1.http_client.create_room("w1", alice, f"room{i}"), ["w1", "w2"], 3
+        lambda i: w1.http_client.call(
+            ep.CREATE_NAMED_ROOM, "w1", ep.CreateNamedRoomCall(alice, f"room{i}")
+        ),
+        ["w1", "w2"],
+        3,
     )
     owners = {room: owner for owner, rooms in by_owner.items() for room in rooms}
     rooms = list(owners)
@@ -71,6 +76,35 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
         assert (status, body["errcode"]) == (400, "M_INVALID_PARAM")
         status, body = await error("POST", url, json={"sender": "@eve:other", "type": "t"})
         assert (status, body["errcode"]) == (400, "M_INVALID_PARAM")
+        # Each field's fault, answered as the hand-written route of earlier releases did
+        # (a sender or type of the wrong JSON type is M_MISSING_PARAM there).
+        message = {"sender": alice, "type": "m.room.message", "content": {}}
+        for fault, code in (
+            ({"sender": 5}, "M_MISSING_PARAM"),
+            ({"sender": None}, "M_MISSING_PARAM"),
+            ({"sender": "alice"}, "M_INVALID_PARAM"),
+            ({"type": ["t"]}, "M_MISSING_PARAM"),
+            ({"type": "a\x00"}, "M_INVALID_PARAM"),
+            ({"content": None}, "M_BAD_JSON"),  # absent is {}, null is refused
+            ({"state_key": 5}, "M_BAD_JSON"),
+            ({"state_key": "a\x00b"}, "M_INVALID_PARAM"),
+            ({"redacts": 5}, "M_BAD_JSON"),
+            ({"redacts": "no-sigil"}, "M_INVALID_PARAM"),
+        ):
+            status, body = await error("POST", url, json={**message, **fault})
+            assert (status, body["errcode"]) == (400, code), fault
+        for bad_room in ("!", "%21a%01", "nonsense"):  # the room ID in the path: first
+            status, body = await error("POST", f"{base['w2']}/rooms/{bad_room}/send_event")
+            assert (status, body["errcode"]) == (400, "M_INVALID_PARAM"), bad_room
+        # create_room: the creator is required, creator and name are strings.
+        for doc in ({}, {"creator": 5}, {"creator": alice, "name": 5}, {"name": "n"}):
+            status, body = await error("POST", f"{base['w1']}/create_room", json=doc)
+            assert (status, body["errcode"]) == (400, "M_MISSING_PARAM"), doc
+        status, body = await error("POST", f"{base['w1']}/create_room", data=b"[]")
+        assert (status, body["errcode"]) == (400, "M_BAD_JSON")
+        # health takes no parameters and ignores any given.
+        status, body = await error("GET", f"{base['w1']}/health?from=x")
+        assert (status, body["instance"], body["status"]) == (200, "w1", "ok")
         status, body = await error("GET", f"{base['w1']}/nowhere")
         assert (status, body["errcode"]) == (404, "M_UNRECOGNIZED")
         status, body = await error("POST", url, data=b"x" * 100_000)
@@ -86,22 +120,40 @@ async def test_send_event_is_routed_to_the_owner_and_errors_are_matrix_json(
                 "upto": 3,
                 "limited": False,
             }
-        assert await w2.http_client.get_updates("w1", "typing", 0, 3, 2) == (
-            [(1, ["!t0:x", ["@u0:x"]]), (2, ["!t1:x", ["@u1:x"]])],
-            2,
-            True,
-        )
+        call = ep.StreamUpdatesCall(stream="typing", writer="w1", from_token=0, upto=3, limit=2)
+        query = "writer=w1&from=0&upto=3&limit=2"  # as earlier releases sent it
+        assert ep.STREAM_UPDATES.url(call) == f"/streams/typing/updates?{query}"
+        assert await w2.http_client.call(ep.STREAM_UPDATES, "w1", call) == {
+            "updates": [[1, ["!t0:x", ["@u0:x"]]], [2, ["!t1:x", ["@u1:x"]]]],
+            "upto": 2,
+            "limited": True,
+        }
         for query, code in [
             ("typing/updates?from=x", (400, "M_INVALID_PARAM")),
             ("typing/updates", (400, "M_MISSING_PARAM")),
             ("typing/updates?from=0&limit=0", (400, "M_INVALID_PARAM")),
+            ("typing/updates?from=0&limit=10001", (400, "M_INVALID_PARAM")),
+            ("typing/updates?from=0&limit=x", (400, "M_INVALID_PARAM")),
+            ("typing/updates?from=0&upto=x", (400, "M_INVALID_PARAM")),
+            ("typing/updates?from=0&upto=1.5", (400, "M_INVALID_PARAM")),
+            ("typing/updates?from=", (400, "M_INVALID_PARAM")),
+            ("typing/updates?from=%EF%BC%91", (400, "M_INVALID_PARAM")),  # a fullwidth 1
+            ("typing/updates?from=" + "1" * 21, (400, "M_INVALID_PARAM")),
+            ("typing/updates?upto=3&limit=2", (400, "M_MISSING_PARAM")),
+            ("typing/updates?writer=w2&from=0", (400, "M_INVALID_PARAM")),
+            ("nosuch/updates?from=x", (404, "M_NOT_FOUND")),  # the stream first
             ("nosuch/updates?from=0", (404, "M_NOT_FOUND")),
             ("events/updates?from=0", (404, "M_NOT_FOUND")),
+            ("events/updates?from=x", (404, "M_NOT_FOUND")),  # no rows here: before the query
         ]:
             status, body = await error("GET", f"{base['w1']}/streams/{query}")
             assert (status, body["errcode"]) == code, query
         status, body = await error("GET", f"{base['w2']}/streams/typing/updates?from=0")
         assert (status, body["errcode"]) == (404, "M_NOT_FOUND")
+        status, body = await error("GET", f"{base['w1']}/streams/typing/updates?from=3")
+        assert (status, body) == (200, {"updates": [], "upto": 3, "limited": False})  # upto: now
+        status, body = await error("GET", f"{base['w1']}/streams/typing/updates?from=-5&upto=0")
+        assert (status, body["errcode"]) == (410, "IO.ROOMSTREAM.STREAM_TOO_OLD")
 
 
 async def test_bearer_token_required_when_a_secret_is_configured(
@@ -123,7 +175,8 @@ async def test_bearer_token_required_when_a_secret_is_configured(
         async with http.get(url, headers={"Authorization": "Bearer hunter2"}) as r:
             assert r.status == 200
             assert (await r.json())["instance"] == "w1"
-    assert (await w1.http_client.health("w1"))["status"] == "ok"  # the client sends it
+    health = await w1.http_client.call(ep.HEALTH, "w1", ep.HealthCall())  # the client sends it
+    assert health["status"] == "ok"
     assert PREFIX in url
 
 
@@ -139,7 +192,11 @@ async def test_writer_down_unknown_room_and_second_create_are_matrix_errors(
     w1 = await cluster.start("w1")  # w2 stays down for now
     alice = f"@alice:{cluster.config.server_name}"
     by_owner = await rooms_by_owner(
-        lambda i: w1.http_client.create_room("w1", alice, f"r{i}"), ["w1", "w2"], 1
+        lambda i: w1.http_client.call(
+            ep.CREATE_NAMED_ROOM, "w1", ep.CreateNamedRoomCall(alice, f"r{i}")
+        ),
+        ["w1", "w2"],
+        1,
     )
     base = w1.http_client.base_url("w1")
     message = {"sender": alice, "type": "m.room.message", "content": {"body": "hi"}}
@@ -221,6 +278,12 @@ async def test_forwarded_client_writes_are_validated_and_only_taken_by_their_wri
         ):
             status, answer = await post(f"{base['w1']}/account_data", body)
             assert (status, answer["errcode"]) == expected, (body, answer)
+        # create_room on an instance that does not write events: refused before the
+        # body is read (400 M_UNRECOGNIZED, as ever; the forwarded writes answer 421).
+        w2_base = w1.http_client.base_url("w2")
+        for body in ({"creator": alice}, {}):
+            status, answer = await post(f"{w2_base}/create_room", body)
+            assert (status, answer["errcode"]) == (400, "M_UNRECOGNIZED"), body
         status, answer = await post(f"{base['w1']}/account_data", good)
         assert (status, answer) == (200, {})
         rows = await w1.engine.db.run_interaction(

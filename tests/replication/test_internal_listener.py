@@ -37,6 +37,7 @@ from rich.console import Console
 from roomstream.config import Config, ConfigError, is_loopback, parse_config
 from roomstream.demo import run_with_demo_traffic
 from roomstream.homeserver import Homeserver
+from roomstream.replication import endpoints as ep
 from roomstream.replication.http import PREFIX
 from roomstream.replication.secret import (
     SECRET_FILE,
@@ -141,8 +142,11 @@ async def test_one_process_with_the_default_configuration(
         await assert_internal_api_guarded(cluster.servers["main"], secret)
         # The demo's traffic goes through the internal API, with the same secret.
         alice = f"@alice:{config.server_name}"
-        room = await node.http_client.create_room("main", alice, "demo")
-        sent = await node.http_client.send_event(room, alice, "m.room.message", {"body": "hi"})
+        http_client = node.http_client
+        call = ep.CreateNamedRoomCall(alice, "demo")
+        room = await http_client.call(ep.CREATE_NAMED_ROOM, "main", call)
+        message = ep.SendEventCall(room, alice, "m.room.message", {"body": "hi"})
+        sent = await http_client.call(ep.SEND_EVENT, http_client.room_owner(room), message)
         assert sent["event_id"].startswith("$")
     finally:
         await cluster.close()
@@ -192,8 +196,11 @@ async def test_several_processes_and_tcp_replication_use_the_generated_secret(
     # Writes forwarded between the processes (reader -> owner) carry it.
     reader = nodes[2]
     alice = f"@alice:{cluster.config.server_name}"
-    room = await reader.http_client.create_room("w1", alice, "forwarded")
-    await reader.http_client.send_event(room, alice, "m.room.message", {"body": "hi"})
+    http_client = reader.http_client
+    create = ep.CreateNamedRoomCall(alice, "forwarded")
+    room = await http_client.call(ep.CREATE_NAMED_ROOM, "w1", create)
+    message = ep.SendEventCall(room, alice, "m.room.message", {"body": "hi"})
+    await http_client.call(ep.SEND_EVENT, http_client.room_owner(room), message)
     await wait_for(
         lambda: (
             reader.engine.streams.generator("events").get_linear_position()

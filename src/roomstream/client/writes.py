@@ -109,12 +109,8 @@ class RoomWriter:
             )
             return created.event.event_id
         assert transaction is None, "idempotent sends go to the owner whole (forward_send_once)"
-        result = await forwarded_call(
-            owner,
-            self.http_client.send_event(
-                room_id, sender, event_type, dict(content), state_key, redacts=redacts
-            ),
-        )
+        call = ep.SendEventCall(room_id, sender, event_type, dict(content), state_key, redacts)
+        result = await forwarded_call(owner, self.http_client.call(ep.SEND_EVENT, owner, call))
         return str(result["event_id"])
 
     async def forward_send_once(

@@ -5,24 +5,26 @@ the Client-Server API's ``http_port`` (both assembled by :mod:`roomstream.homese
 the client listener serves nothing under ``/_roomstream`` (404 ``M_UNRECOGNIZED``), so a
 reverse proxy in front of it never exposes the internal API.
 
-Routes, under ``/_roomstream/replication``:
+Routes, under ``/_roomstream/replication``, each declared once as an
+:class:`~roomstream.replication.endpoints.InternalEndpoint` (its path, request fields,
+answer and stream; :data:`~roomstream.replication.endpoints.INSTANCE_ENDPOINTS` and
+:data:`~roomstream.replication.endpoints.CLIENT_WRITES`), registered here from the
+declarations and called by :meth:`InternalHttpClient.call`:
 
 - ``GET /health``: liveness and this process's replication status (JSON);
 - ``GET /streams/{stream}/updates?writer=&from=&upto=&limit=``: rows of an in-memory
   stream (typing) that this instance writes, with the ``get_updates`` contract; a reader
   that fell behind fetches them here;
 - ``POST /rooms/{room_id}/send_event`` with ``{"sender", "type", "content", "state_key"?,
-  "redacts"?}``: create and persist an event (``redacts``: the redacted event of an
-  ``m.room.redaction``, top-level in room version 10, moved into the content from 11 by
-  the owner's event builder). The instance that owns the room (:mod:`sharding`) persists
-  it; any other instance forwards the request once to the owner;
+  "redacts"?}``: create and persist an event. The instance that owns the room
+  (:mod:`sharding`) persists it; any other instance forwards the request once to the
+  owner;
 - ``POST /create_room`` with ``{"creator", "name"?}``: create a room on this instance.
 
 Client-Server API writes forwarded by a process that does not write the stream they go
-to: ``POST /client/<name>``, one per :class:`~roomstream.replication.endpoints.
-InternalEndpoint` in :data:`~roomstream.replication.endpoints.CLIENT_WRITES` (which
-defines each one's body, answer and stream: ``create_room``, ``send``, ``end_sessions``,
-``account_data``, ``receipt``, ``to_device``, ``typing``), served when the process binds
+to: ``POST /client/<name>``, one per endpoint of :data:`~roomstream.replication.endpoints.
+CLIENT_WRITES` (``create_room``, ``send``, ``end_sessions``, ``account_data``,
+``receipt``, ``to_device``, ``typing``, ``e2e_keys``), served when the process binds
 handlers to them (:mod:`roomstream.client.forwarded`). The receiving instance must write
 that stream itself (else 421, never a second hop); the forwarding process has already
 authenticated the user and checked membership.
@@ -50,7 +52,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -59,18 +60,14 @@ from aiohttp import web
 from roomstream import exactjson
 from roomstream.config import Config
 from roomstream.errors import (
-    BadJsonError,
     Codes,
     InvalidParamError,
     MatrixError,
-    MissingParamError,
     NotFoundError,
     ServiceUnavailableError,
     StreamRowsGoneError,
-    UnrecognizedRequestError,
     WrongWriterError,
 )
-from roomstream.grammar import is_opaque_id, is_room_id_to_look_up, is_user_id
 from roomstream.httpbase import (
     bearer_auth_middleware,
     error_response,
@@ -85,9 +82,13 @@ from roomstream.listener import HttpListener
 from roomstream.metrics import CONTENT_TYPE_LATEST
 from roomstream.replication.endpoints import (
     CLIENT_WRITES,
+    HEALTH,
+    INSTANCE_ENDPOINTS,
+    STREAM_UPDATES,
     BoundEndpoint,
+    HealthCall,
     InternalEndpoint,
-    read_identifier,
+    StreamUpdatesCall,
 )
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.sharding import writer_for_room
@@ -112,7 +113,6 @@ logger = logging.getLogger(__name__)
 PREFIX = "/_roomstream/replication"
 FORWARDED_HEADER = "X-Roomstream-Forwarded"
 MAX_BODY = 64 * 1024
-MAX_LIMIT = 10_000
 #: What a 503 tells the caller to wait before retrying, in milliseconds.
 RETRY_AFTER_MS = 1000
 
@@ -125,31 +125,16 @@ class StreamTooOldHttpError(StreamTooOldError):
     """The writer answered that it no longer holds the rows asked for."""
 
 
-def _int_param(request: web.Request, name: str, default: int | None = None) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        if default is None:
-            raise MissingParamError(f"missing query parameter {name}")
-        return default
-    digits = raw[1:] if raw.startswith("-") else raw
-    if not digits.isascii() or not digits.isdigit() or len(raw) > 20:
-        raise InvalidParamError(f"{name} must be an integer")
-    return int(raw)
-
-
-SendEvent = Callable[
-    [str, str, str, dict[str, Any], str | None, str | None], Awaitable[dict[str, Any]]
-]
-CreateRoom = Callable[[str, str | None], Awaitable[str]]
-
-
 class InternalHttpServer(HttpListener):
     """Serves the routes above for one instance, on its ``internal_port``, to callers
     that present the deployment's secret.
 
-    ``send_event`` / ``create_room`` persist locally (None: this instance is no events
-    writer); ``status`` supplies the health document's extra fields; ``client_writes``
-    binds handlers to the endpoints of :data:`CLIENT_WRITES` (an unbound one answers 421).
+    Every route comes from its endpoint's declaration. ``bindings``: the handlers the
+    composing process binds (the events writes of an events writer, the forwarded
+    client writes); an endpoint with none answers its ``unserved`` error (or, for
+    ``send_event``, is forwarded to the room's owner). ``/health`` and ``/updates`` are
+    bound here: ``status`` supplies the health document's extra fields,
+    ``memory_streams`` the in-memory streams this instance writes.
     """
 
     def __init__(
@@ -157,20 +142,20 @@ class InternalHttpServer(HttpListener):
         config: Config,
         *,
         memory_streams: Mapping[str, InMemoryStream] | None = None,
-        send_event: SendEvent | None = None,
-        create_room: CreateRoom | None = None,
         status: Callable[[], dict[str, Any]] | None = None,
         client: InternalHttpClient | None = None,
         metrics: Callable[[], bytes] | None = None,
-        client_writes: Iterable[BoundEndpoint[Any, Any]] = (),
+        bindings: Iterable[BoundEndpoint[Any, Any]] = (),
     ) -> None:
         self.config = config
         self._memory = dict(memory_streams or {})
-        self._send_event = send_event
-        self._create_room = create_room
         self._status = status
         self._client = client
-        self._client_writes = {bound.endpoint: bound for bound in client_writes}
+        own: list[BoundEndpoint[Any, Any]] = [
+            HEALTH.bind(self._health),
+            STREAM_UPDATES.bind(self._updates, check=self._holds),
+        ]
+        self._bindings = {bound.endpoint: bound for bound in (*own, *bindings)}
         super().__init__(
             web.Application(
                 middlewares=[
@@ -185,20 +170,18 @@ class InternalHttpServer(HttpListener):
         self.app.on_response_prepare.append(exact_json_content_type)
         if metrics is not None:
             self.app.router.add_get("/metrics", self._metrics_route(metrics))
-        self.app.router.add_get(PREFIX + "/health", self._health)
-        self.app.router.add_get(PREFIX + "/streams/{stream}/updates", self._updates)
-        self.app.router.add_post(PREFIX + "/rooms/{room_id}/send_event", self._send)
-        self.app.router.add_post(PREFIX + "/create_room", self._create)
-        for endpoint in CLIENT_WRITES:
-            self.app.router.add_post(PREFIX + endpoint.path, self._client_write_route(endpoint))
+        for endpoint in (*INSTANCE_ENDPOINTS, *CLIENT_WRITES):
+            route = self._route(endpoint)
+            if endpoint.method == "GET":
+                self.app.router.add_get(PREFIX + endpoint.path, route)  # and HEAD
+            else:
+                self.app.router.add_post(PREFIX + endpoint.path, route)
 
     async def start(self, host: str | None = None, port: int | None = None) -> int:
         """Listen on the instance's host and ``internal_port`` (or those given)."""
         instance = self.config.instance()
         port = instance.internal_port if port is None else port
         return await super().start(host or instance.host, port or 0)
-
-    # -- plumbing -----------------------------------------------------------------------
 
     # -- routes -------------------------------------------------------------------------
 
@@ -213,95 +196,73 @@ class InternalHttpServer(HttpListener):
 
         return metrics
 
-    async def _health(self, request: web.Request) -> web.Response:
-        doc: dict[str, Any] = {"instance": self.config.instance_name, "status": "ok"}
-        if self._status is not None:
-            doc.update(self._status())
-        return json_response(doc)
-
-    async def _updates(self, request: web.Request) -> web.Response:
-        stream_name = request.match_info["stream"]
-        if stream_name not in STREAMS:
-            raise NotFoundError(f"unknown stream {stream_name}")
-        memory = self._memory.get(stream_name)
-        if memory is None:
-            raise NotFoundError(f"{self.config.instance_name} holds no {stream_name} rows")
-        writer = request.query.get("writer", self.config.instance_name)
-        if writer != self.config.instance_name:
-            raise InvalidParamError(f"this is {self.config.instance_name}")
-        from_token = _int_param(request, "from")
-        upto = _int_param(request, "upto", memory.token)
-        limit = _int_param(request, "limit", 1000)
-        if not 1 <= limit <= MAX_LIMIT:
-            raise InvalidParamError(f"limit must be in 1..{MAX_LIMIT}")
-        try:
-            updates, new_upto, limited = memory.get_updates(from_token, upto, limit)
-        except StreamTooOldError as exc:
-            raise StreamRowsGoneError(str(exc)) from None
-        body = {"updates": [[t, r] for t, r in updates], "upto": new_upto, "limited": limited}
-        return web.Response(body=orjson.dumps(body), content_type="application/json")
-
-    async def _send(self, request: web.Request) -> web.Response:
-        room_id = request.match_info["room_id"]
-        if not is_room_id_to_look_up(room_id) or not is_opaque_id(room_id):
-            raise InvalidParamError(f"not a room ID: {room_id[:300]!r}")
-        body = await read_json(request)
-        sender, event_type = body.get("sender"), body.get("type")
-        content, state_key = body.get("content", {}), body.get("state_key")
-        if not isinstance(sender, str) or not isinstance(event_type, str):
-            raise MissingParamError("sender and type (strings) are required")
-        if not is_user_id(sender) or not is_opaque_id(event_type):
-            raise InvalidParamError("sender and type must be printable IDs")
-        if not isinstance(content, dict):
-            raise BadJsonError("content must be an object")
-        if state_key is not None and not isinstance(state_key, str):
-            raise BadJsonError("state_key must be a string")
-        if state_key is not None and "\x00" in state_key:
-            raise InvalidParamError("state_key must not contain NUL")
-        redacts = read_identifier(body, "redacts", sigil="$", optional=True)
-        owner = writer_for_room(room_id, self.config.writers_of("events"))
-        if owner != self.config.instance_name or self._send_event is None:
-            if request.headers.get(FORWARDED_HEADER) or self._client is None:
-                raise WrongWriterError(f"{room_id} is written by {owner}")
-            result = await self._client.send_event(
-                room_id, sender, event_type, content, state_key, redacts=redacts, forwarded=True
-            )
-            return json_response(result)
-        result = await self._send_event(room_id, sender, event_type, content, state_key, redacts)
-        return json_response(result)
-
-    async def _create(self, request: web.Request) -> web.Response:
-        if self._create_room is None:
-            raise UnrecognizedRequestError("this instance does not write events")
-        body = await read_json(request)
-        creator, name = body.get("creator"), body.get("name")
-        if not isinstance(creator, str) or (name is not None and not isinstance(name, str)):
-            raise MissingParamError("creator (a string) is required")
-        room_id = await self._create_room(creator, name)
-        return json_response({"room_id": room_id})
-
-    def _client_write_route(
+    def _route(
         self, endpoint: InternalEndpoint[Any, Any]
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        """The route of one forwarded write: this instance must write its stream and
-        have it bound (else 421: the caller's configuration disagrees; no second hop)."""
+        """The route of one endpoint. Checked in the order the hand-written routes of
+        earlier releases checked (so a request keeps its answer): the path parameters;
+        whether this instance serves it (it writes the stream and has it bound, else the
+        endpoint's ``unserved`` error; the binding's own ``check``), before the body or
+        query is read; the request; then, for a room-owned one, whether this instance
+        owns the room (else 421, or one forward to the owner where the endpoint
+        ``forwards``: never a second hop)."""
+        me = self.config.instance_name
 
         async def route(request: web.Request) -> web.Response:
-            bound = self._client_writes.get(endpoint)
-            writers = self.config.writers_of(endpoint.stream)
-            if bound is None or self.config.instance_name not in writers:
-                raise WrongWriterError(
-                    f"{self.config.instance_name} does not write {endpoint.stream}"
-                    f" (its writers: {', '.join(writers)})",
-                )
-            call = endpoint.parse(await read_json(request))
+            bound = self._bindings.get(endpoint)
+            path = endpoint.read_path(request.match_info)
+            if not endpoint.forwards:
+                writers = self.config.writers_of(endpoint.stream) if endpoint.stream else ()
+                if bound is None or (endpoint.stream and me not in writers):
+                    raise endpoint.unserved(
+                        f"{me} does not write {endpoint.stream}"
+                        f" (its writers: {', '.join(writers)})",
+                    )
+            if bound is not None and bound.check is not None:
+                bound.check(path)
+            values = await read_json(request) if endpoint.method == "POST" else request.query
+            call = endpoint.parse(values, request.match_info)
             if endpoint.room_owned:
-                owner = writer_for_room(call.room_id, writers)
-                if owner != self.config.instance_name:
-                    raise WrongWriterError(f"{call.room_id} is written by {owner}")
+                assert endpoint.stream is not None, endpoint
+                owner = writer_for_room(call.room_id, self.config.writers_of(endpoint.stream))
+                if owner != me or bound is None:
+                    if (
+                        not endpoint.forwards
+                        or request.headers.get(FORWARDED_HEADER)
+                        or self._client is None
+                    ):
+                        raise WrongWriterError(f"{call.room_id} is written by {owner}")
+                    result = await self._client.call(endpoint, owner, call, forwarded=True)
+                    return json_response(endpoint.encode_answer(result))
+            assert bound is not None
             return json_response(endpoint.encode_answer(await bound.handler(call)))
 
         return route
+
+    async def _health(self, call: HealthCall) -> dict[str, Any]:
+        doc: dict[str, Any] = {"instance": self.config.instance_name, "status": "ok"}
+        if self._status is not None:
+            doc.update(self._status())
+        return doc
+
+    def _holds(self, path: Mapping[str, Any]) -> None:
+        """404 unless ``path["stream"]`` is an in-memory stream this instance writes."""
+        stream_name = path["stream"]
+        if stream_name not in STREAMS:
+            raise NotFoundError(f"unknown stream {stream_name}")
+        if stream_name not in self._memory:
+            raise NotFoundError(f"{self.config.instance_name} holds no {stream_name} rows")
+
+    async def _updates(self, call: StreamUpdatesCall) -> dict[str, Any]:
+        memory = self._memory[call.stream]  # checked by _holds
+        if call.writer is not None and call.writer != self.config.instance_name:
+            raise InvalidParamError(f"this is {self.config.instance_name}")
+        upto = memory.token if call.upto is None else call.upto
+        try:
+            updates, new_upto, limited = memory.get_updates(call.from_token, upto, call.limit)
+        except StreamTooOldError as exc:
+            raise StreamRowsGoneError(str(exc)) from None
+        return {"updates": [[t, r] for t, r in updates], "upto": new_upto, "limited": limited}
 
 
 class InternalHttpClient:
@@ -400,59 +361,28 @@ class InternalHttpClient:
         """Instances whose last request failed to reach them (an ongoing outage)."""
         return frozenset(self._unreachable)
 
-    async def send_event(
-        self,
-        room_id: str,
-        sender: str,
-        event_type: str,
-        content: dict[str, Any],
-        state_key: str | None = None,
-        *,
-        redacts: str | None = None,
-        forwarded: bool = False,
-    ) -> dict[str, Any]:
-        """Hand the event to the writer that owns the room; returns its JSON answer."""
-        owner = writer_for_room(room_id, self.config.writers_of("events"))
-        body: dict[str, Any] = {"sender": sender, "type": event_type, "content": content}
-        if state_key is not None:
-            body["state_key"] = state_key
-        if redacts is not None:
-            body["redacts"] = redacts
-        headers = {FORWARDED_HEADER: "1"} if forwarded else None
-        path = f"/rooms/{quote(room_id, safe='')}/send_event"
-        result = await self._call(owner, "POST", path, body=body, headers=headers)
-        assert isinstance(result, dict)
-        return result
-
-    async def create_room(self, instance_name: str, creator: str, name: str | None = None) -> str:
-        result = await self._call(
-            instance_name, "POST", "/create_room", body={"creator": creator, "name": name}
-        )
-        return str(result["room_id"])
-
     async def call(
-        self, endpoint: InternalEndpoint[Req, Resp], instance_name: str, request: Req
+        self,
+        endpoint: InternalEndpoint[Req, Resp],
+        instance_name: str,
+        request: Req,
+        *,
+        forwarded: bool = False,
     ) -> Resp:
-        """Have ``instance_name`` (a writer of the endpoint's stream) carry out a
-        forwarded Client-Server API write; its answer."""
-        body = endpoint.encode(request)
-        return endpoint.decode_answer(
-            await self._call(instance_name, "POST", endpoint.path, body=body)
+        """Have ``instance_name`` serve ``request`` (for an endpoint with a stream, a
+        writer of it; for a room-owned one, the room's owner: :meth:`room_owner`); its
+        answer. ``forwarded``: this is the one forward of a request another process
+        received (the owner must not forward it again)."""
+        headers = {FORWARDED_HEADER: "1"} if forwarded else None
+        payload = await self._call(
+            instance_name,
+            endpoint.method,
+            endpoint.url(request),
+            body=endpoint.encode(request),
+            headers=headers,
         )
+        return endpoint.decode_answer(payload)
 
-    async def get_updates(
-        self, instance_name: str, stream_name: str, from_token: int, upto_token: int, limit: int
-    ) -> tuple[list[tuple[int, Any]], int, bool]:
-        """An in-memory stream's rows from its writer (``get_updates`` contract)."""
-        path = (
-            f"/streams/{stream_name}/updates"
-            f"?writer={instance_name}&from={from_token}&upto={upto_token}&limit={limit}"
-        )
-        result = await self._call(instance_name, "GET", path)
-        updates = [(int(t), r) for t, r in result["updates"]]
-        return updates, int(result["upto"]), bool(result["limited"])
-
-    async def health(self, instance_name: str) -> dict[str, Any]:
-        result = await self._call(instance_name, "GET", "/health")
-        assert isinstance(result, dict)
-        return result
+    def room_owner(self, room_id: str) -> str:
+        """The events writer that owns ``room_id`` (where ``send_event`` goes)."""
+        return writer_for_room(room_id, self.config.writers_of("events"))

@@ -37,6 +37,8 @@ import orjson
 from roomstream import metrics
 from roomstream.caches import STATE_CACHE_GROUP, CacheGroup, CacheRegistry
 from roomstream.config import Config, ConfigError
+from roomstream.replication import endpoints as ep
+from roomstream.replication.endpoints import BoundEndpoint
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import InternalHttpClient, StreamTooOldHttpError
 from roomstream.replication.redis_transport import RedisReplication
@@ -225,9 +227,16 @@ class ReplicationNode:
     ) -> tuple[list[Update], int, bool]:
         if STREAMS[stream_name].in_memory:
             try:
-                return await self.http_client.get_updates(
-                    writer, stream_name, from_token, upto_token, limit
+                call = ep.StreamUpdatesCall(
+                    stream=stream_name,
+                    writer=writer,
+                    from_token=from_token,
+                    upto=upto_token,
+                    limit=limit,
                 )
+                result = await self.http_client.call(ep.STREAM_UPDATES, writer, call)
+                updates = [(int(t), r) for t, r in result["updates"]]
+                return updates, int(result["upto"]), bool(result["limited"])
             except StreamTooOldHttpError:
                 # In-memory rows are ephemeral: skip to the writer's position.
                 logger.warning("%s rows of %s before %s are gone", stream_name, writer, upto_token)
@@ -328,23 +337,30 @@ class ReplicationNode:
 
     # -- HTTP actions -------------------------------------------------------------------
 
-    async def send_event_locally(
-        self,
-        room_id: str,
-        sender: str,
-        event_type: str,
-        content: dict[str, Any],
-        state_key: str | None,
-        redacts: str | None,
-    ) -> dict[str, Any]:
+    def event_writes(self) -> list[BoundEndpoint[Any, Any]]:
+        """The internal API's events writes, served here (on an events writer: else
+        none, and ``send_event`` is forwarded to the room's owner)."""
+        if self.instance_name not in self.config.writers_of("events"):
+            return []
+        return [
+            ep.SEND_EVENT.bind(self.send_event_locally),
+            ep.CREATE_NAMED_ROOM.bind(self.create_room_locally),
+        ]
+
+    async def send_event_locally(self, call: ep.SendEventCall) -> dict[str, Any]:
         created = await self.engine.creator.create_event(
-            room_id, sender, event_type, content, state_key=state_key, redacts=redacts
+            call.room_id,
+            call.sender,
+            call.type,
+            call.content,
+            state_key=call.state_key,
+            redacts=call.redacts,
         )
         return {"event_id": created.event.event_id, "stream_ordering": created.stream_ordering}
 
-    async def create_room_locally(self, creator: str, name: str | None) -> str:
+    async def create_room_locally(self, call: ep.CreateNamedRoomCall) -> str:
         room_id, _ = await self.engine.creator.create_room(
-            creator, preset=RoomPreset.PUBLIC_CHAT, name=name
+            call.creator, preset=RoomPreset.PUBLIC_CHAT, name=call.name
         )
         return room_id
 
