@@ -118,7 +118,7 @@ async def test_online_path_rejects_and_soft_fails_exactly_the_intended_events(
     try:
         await prepare_database(db)
         streams = await StreamSet.open(db, "main", {})
-        persister = EventPersister(EventStore(db), streams, "main")
+        persister = EventPersister(EventStore(db), streams, "main", server_name=None)
         rejected: set[str] = set()
         soft_failed: set[str] = set()
         for events in _events(path).values():

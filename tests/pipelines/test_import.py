@@ -340,7 +340,7 @@ async def _persist_one_by_one(path: Path, db_path: Path, backfilled: bool) -> No
     try:
         await prepare_database(db)
         streams = await StreamSet.open(db, "main", {})
-        persister = EventPersister(EventStore(db), streams, "main")
+        persister = EventPersister(EventStore(db), streams, "main", server_name=None)
         for events in _parse_file(path).values():
             for event in events:
                 await persister.persist_events([event], backfilled=backfilled)

@@ -317,7 +317,12 @@ def _relates_to(event: Event) -> str | None:
 
 
 class EventPersister:
-    """Persists events for the local instance (a writer of the ``events`` stream)."""
+    """Persists events for the local instance (a writer of the ``events`` stream).
+
+    ``server_name`` is this server's name, which decides how redactions of its own users'
+    events are judged (:func:`roomstream.events.auth.redaction_applies`); a bulk import of
+    another server's history passes None (no sender is local). Required, so that no
+    caller judges its own users as remote by forgetting it."""
 
     def __init__(
         self,
@@ -326,7 +331,7 @@ class EventPersister:
         instance_name: str,
         *,
         participants: Sequence[PersistParticipant] = (),
-        server_name: str | None = None,
+        server_name: str | None,
         room_cache_size: int = 512,
         state_cache_size: int = 64,
     ) -> None:
