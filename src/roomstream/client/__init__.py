@@ -104,8 +104,13 @@ class ClientProcess:
             self.store,
             self.reader,
         )
-        self.notifier = Notifier(engine.streams, config.instance_name)
         reader = self.reader
+
+        async def joined_rooms_of(user_id: str) -> list[str]:
+            rooms = await reader.changes.rooms_for_user(user_id)
+            return [room_id for room_id, membership in rooms.items() if membership == "join"]
+
+        self.notifier = Notifier(engine.streams, config.instance_name, joined_rooms_of)
 
         def share_events_rows(
             stream: str, writer: str, since: int, upto: int, updates: list[Any]

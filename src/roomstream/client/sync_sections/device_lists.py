@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Self
 
-from roomstream.client.sync_sections.base import SyncContext, SyncSection, SyncServices, user_key
+from roomstream.client.sync_sections.base import (
+    SyncContext,
+    SyncSection,
+    SyncServices,
+    sharers_key,
+    user_key,
+)
 from roomstream.e2e import E2eKeys
 from roomstream.streams.rows import DeviceListsRow
 
@@ -34,9 +40,11 @@ class DeviceListsSection(SyncSection):
 
     @staticmethod
     def wake_keys(row: Sequence[Any]) -> list[str]:
-        # The user's own syncs; others see the change at their next wake (waking every
-        # user sharing a room needs the rooms' members here).
-        return [user_key(DeviceListsRow.from_wire(row).user_id)]
+        # The user's own syncs, and everyone sharing a room with them: their clients must
+        # re-query the keys before they next encrypt for a shared room (a new device
+        # missed there cannot read what is sent meanwhile).
+        user_id = DeviceListsRow.from_wire(row).user_id
+        return [user_key(user_id), sharers_key(user_id)]
 
     def current_position(self) -> int:
         return 0 if self.keys is None else self.keys.position()
