@@ -66,8 +66,7 @@ async def test_key_writes_are_forwarded_and_seen_everywhere(e2e_cluster: Cluster
         await alice.ok("PUT", f"/devices/{alice_device}", {"display_name": "web"})
         cs = CrossSigning(alice.user_id)
         await alice.ok("POST", "/keys/device_signing/upload", cs.upload_body())
-        # A message wakes bob's sync on w1 (device_lists rows wake only their own user).
-        await alice.ok("PUT", f"/rooms/{room_id}/send/m.room.message/t1", {"body": "hi"})
+        # w2's device_lists rows wake bob's sync on w1 (he shares a room with alice).
         await bob.sync_until(lambda r: alice.user_id in r["device_lists"]["changed"])
         for client in (bob, bob.on(url["reader"]), bob.on(url["w2"])):
             keys = await client.ok("POST", "/keys/query", {"device_keys": {alice.user_id: []}})
