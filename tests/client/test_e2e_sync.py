@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from tests.support.e2e_keys import Device
-from tests.support.homeserver import Homeserver
+from tests.support.homeserver import Homeserver, signal_waits
 
 
 async def test_counts_and_changed_device_lists(homeserver: Homeserver) -> None:
@@ -63,24 +63,55 @@ async def test_own_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
     assert woken["device_lists"]["changed"] == [alice.user_id]
 
 
-async def test_a_room_mates_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
-    """Waking is by the notifier's audience of the device_lists stream (the rooms of the
-    user whose device changed); without it the poll below would end at its timeout."""
+async def test_a_room_members_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
+    """Bob's new device keys wake Alice's waiting sync (they share a room): her client must
+    re-query his keys before it next encrypts for the room."""
     hs = homeserver
     alice = await hs.register("alice")
     bob = await hs.register("bob")
-    room = (await hs.ok("POST", "/createRoom", {"preset": "public_chat"}, token=alice.token))[
+    room = (await hs.ok("POST", "/createRoom", {"invite": [bob.user_id]}, token=alice.token))[
         "room_id"
     ]
     await hs.ok("POST", f"/join/{room}", {}, token=bob.token)
     since = (await hs.ok("GET", "/sync", token=alice.token))["next_batch"]
+    waiting = signal_waits(hs)
     poll = asyncio.create_task(
-        hs.ok("GET", f"/sync?since={since}&timeout=600000", token=alice.token)
+        hs.ok("GET", f"/sync?since={since}&timeout=60000", token=alice.token)
     )
+    await asyncio.wait_for(waiting.wait(), 30)
     keys = Device(bob.user_id, bob.device_id).device_keys()
     await hs.ok("POST", "/keys/upload", {"device_keys": keys}, token=bob.token)
-    woken = await asyncio.wait_for(poll, 60)
+    woken = await asyncio.wait_for(poll, 30)
     assert woken["device_lists"]["changed"] == [bob.user_id]
+
+
+async def test_a_replicated_key_change_wakes_room_members_once_complete(
+    homeserver: Homeserver,
+) -> None:
+    """A device_lists row written by another process wakes the syncs here of the users
+    sharing a room with its user, once that writer's position reaches it."""
+    hs = homeserver
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    room = (await hs.ok("POST", "/createRoom", {"invite": [bob.user_id]}, token=alice.token))[
+        "room_id"
+    ]
+    await hs.ok("POST", f"/join/{room}", {}, token=bob.token)
+    since = (await hs.ok("GET", "/sync", token=alice.token))["next_batch"]
+    waiting = signal_waits(hs)
+    poll = asyncio.create_task(
+        hs.ok("GET", f"/sync?since={since}&timeout=60000", token=alice.token)
+    )
+    try:
+        await asyncio.wait_for(waiting.wait(), 30)
+        waiting.clear()
+        hs.process.on_replicated_rows("device_lists", "elsewhere", 7, [[bob.user_id]])
+        hs.process.on_replicated_position("device_lists", "elsewhere", 7)
+        # Woken: the sync read again (this process has no such row: nothing new) and waits.
+        await asyncio.wait_for(waiting.wait(), 30)
+        assert not poll.done()
+    finally:
+        poll.cancel()
 
 
 async def test_sharing_a_room_and_no_longer_sharing_one(homeserver: Homeserver) -> None:

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from tests.support.homeserver import Homeserver, User
+from tests.support.homeserver import Homeserver, User, signal_waits
 
 
 async def _send(hs: Homeserver, user: User, room_id: str, text: str) -> str:
@@ -19,29 +17,6 @@ async def _send(hs: Homeserver, user: User, room_id: str, text: str) -> str:
         token=user.token,
     )
     return str(result["event_id"])
-
-
-def _signal_waits(hs: Homeserver) -> asyncio.Event:
-    """An event set when a long poll has read, found nothing, and starts waiting on the
-    notifier (so that what happens next can only reach it by a wake)."""
-    notifier = hs.process.notifier
-    original_listen = notifier.listen
-    waiting = asyncio.Event()
-
-    @contextmanager
-    def listen(user_id: str, room_ids: Any) -> Iterator[Any]:
-        with original_listen(user_id, room_ids) as waiter:
-            original_wait = waiter.wait
-
-            async def wait(seconds: float) -> bool:
-                waiting.set()
-                return await original_wait(seconds)
-
-            waiter.wait = wait  # type: ignore[method-assign]
-            yield waiter
-
-    notifier.listen = listen  # type: ignore[method-assign]
-    return waiting
 
 
 def _by_room(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -114,7 +89,7 @@ async def test_events_long_polls_and_shows_only_what_the_user_may_see(
     start = (await hs.ok("GET", "/events?timeout=0", token=bob.token))["end"]
 
     # A long poll, waiting (registered with the notifier) before the sends, is woken.
-    waiting = _signal_waits(hs)
+    waiting = signal_waits(hs)
     poll = asyncio.create_task(hs.ok("GET", f"/events?from={start}&timeout=60000", token=bob.token))
     await waiting.wait()
     await _send(hs, alice, elsewhere, "not for bob")
@@ -166,7 +141,7 @@ async def test_events_of_one_room_for_a_peeker(homeserver: Homeserver) -> None:
     )
     peek = await hs.ok("GET", f"/rooms/{room_id}/initialSync", token=bob.token)
     end = peek["messages"]["end"]
-    waiting = _signal_waits(hs)
+    waiting = signal_waits(hs)
     poll = asyncio.create_task(
         hs.ok("GET", f"/events?room_id={room_id}&from={end}&timeout=60000", token=bob.token)
     )

@@ -1,15 +1,25 @@
-"""Across processes (PostgreSQL, Redis; ``device_lists`` written by ``w2``, clients on the
-reader and on ``w1``): key uploads, renames and cross-signing uploads made on the reader
-are forwarded to the stream's writer; the keys are served everywhere and a user syncing
-on ``w1`` sees the change in ``device_lists.changed``."""
+"""Across processes (PostgreSQL, Redis).
+
+- ``device_lists`` written by ``w2``, clients on the reader and on ``w1``: key uploads,
+  renames and cross-signing uploads made on the reader are forwarded to the stream's
+  writer; the keys are served everywhere and a user syncing on ``w1`` sees the change in
+  ``device_lists.changed``.
+- matrix-js-sdk with its Rust crypto (``js/e2e.mjs``), both users' clients on the reader,
+  the room's events written by ``w2``, ``device_lists`` and ``to_device`` by ``w1``: each
+  user reads the other's message decrypted, and the room holds ``m.room.encrypted`` only.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import aiohttp
+import psycopg
 import pytest
+from psycopg import sql
 
+from roomstream.config import parse_config
+from roomstream.replication.sharding import writer_for_room
 from tests.support.cluster import (
     USER_DATA_WRITERS,
     Cluster,
@@ -18,6 +28,7 @@ from tests.support.cluster import (
     urls,
 )
 from tests.support.e2e_keys import CrossSigning, Device
+from tests.support.js_sdk import JS_DIR, run_script
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -55,8 +66,7 @@ async def test_key_writes_are_forwarded_and_seen_everywhere(e2e_cluster: Cluster
         await alice.ok("PUT", f"/devices/{alice_device}", {"display_name": "web"})
         cs = CrossSigning(alice.user_id)
         await alice.ok("POST", "/keys/device_signing/upload", cs.upload_body())
-        # A message wakes bob's sync on w1 (device_lists rows wake only their own user).
-        await alice.ok("PUT", f"/rooms/{room_id}/send/m.room.message/t1", {"body": "hi"})
+        # w2's device_lists rows wake bob's sync on w1 (he shares a room with alice).
         await bob.sync_until(lambda r: alice.user_id in r["device_lists"]["changed"])
         for client in (bob, bob.on(url["reader"]), bob.on(url["w2"])):
             keys = await client.ok("POST", "/keys/query", {"device_keys": {alice.user_id: []}})
@@ -69,3 +79,46 @@ async def test_key_writes_are_forwarded_and_seen_everywhere(e2e_cluster: Cluster
             {"one_time_keys": {alice.user_id: {alice_device: "signed_curve25519"}}},
         )
         assert claimed["one_time_keys"][alice.user_id][alice_device] == device.one_time_keys(["1"])
+
+
+async def test_js_sdk_encrypted_chat_with_room_keys_and_messages_on_other_processes(
+    split_cluster: Cluster,
+) -> None:
+    """Both clients talk to the reader only, which writes nothing: the room's events are
+    forwarded to ``w2`` (the room's owner, not the writer of keys), uploads of device keys
+    and one-time keys to ``w1``, and the Megolm room keys travel as to-device messages
+    forwarded to ``w1``; every write comes back to the reader over replication and wakes
+    the other client's long-polling sync there."""
+    assert (JS_DIR / "node_modules" / "@matrix-org" / "matrix-sdk-crypto-wasm").is_dir(), (
+        "matrix-js-sdk's Rust crypto is not installed: run `make setup`"
+    )
+    _, raw = split_cluster
+    config = parse_config(raw)
+    events_writers = config.writers_of("events")
+    assert events_writers == ("w1", "w2")
+    assert config.writers_of("device_lists") == config.writers_of("to_device") == ("w1",)
+    reader = urls(raw)["reader"]
+
+    report = await run_script("e2e.mjs", "--room-shard", "1/2", reader, reader)
+
+    room_id = report["roomId"]
+    assert writer_for_room(room_id, events_writers) == "w2"
+    assert report["encrypted"] is True
+    assert "secret from alice" in report["bobRead"]
+    assert "secret from bob" in report["aliceRead"]
+    assert "m.room.message" not in report["types"] and "m.room.encrypted" in report["types"]
+    database = raw["database"]
+    async with await psycopg.AsyncConnection.connect(database["dsn"]) as conn:
+        await conn.execute(
+            sql.SQL("SET search_path TO {}").format(sql.Identifier(database["schema"]))
+        )
+        cursor = await conn.execute(
+            "SELECT type, instance_name FROM events WHERE room_id = %s AND state_key IS NULL",
+            (room_id,),
+        )
+        messages = await cursor.fetchall()
+        cursor = await conn.execute("SELECT DISTINCT instance_name FROM device_lists_stream")
+        device_list_writers = {row[0] for row in await cursor.fetchall()}
+    # What the server stored of the conversation is ciphertext only, written by the owner.
+    assert sorted(messages) == [("m.room.encrypted", "w2"), ("m.room.encrypted", "w2")]
+    assert device_list_writers == {"w1"}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,29 @@ class Homeserver:
     def txn(self) -> str:
         self.counter[0] += 1
         return f"t{self.counter[0]}"
+
+
+def signal_waits(hs: Homeserver) -> asyncio.Event:
+    """An event set when a long poll has read, found nothing, and starts waiting on the
+    notifier (so that what happens next can only reach it by a wake)."""
+    notifier = hs.process.notifier
+    original_listen = notifier.listen
+    waiting = asyncio.Event()
+
+    @contextmanager
+    def listen(user_id: str, room_ids: Any) -> Iterator[Any]:
+        with original_listen(user_id, room_ids) as waiter:
+            original_wait = waiter.wait
+
+            async def wait(seconds: float) -> bool:
+                waiting.set()
+                return await original_wait(seconds)
+
+            waiter.wait = wait  # type: ignore[method-assign]
+            yield waiter
+
+    notifier.listen = listen  # type: ignore[method-assign]
+    return waiting
 
 
 def make_config(db_config: DatabaseConfig, tmp_path: Path, **overrides: Any) -> Config:

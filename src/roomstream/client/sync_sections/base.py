@@ -11,7 +11,8 @@ Invariants a section keeps:
 - ``collect`` returns the position the next token carries for the section: everything
   up to it was sent (or is not for this user).
 - ``wake_keys(row)`` names every user or room whose sync ``collect`` would answer
-  differently once ``row`` is complete (a missed key is a sync that sleeps past news).
+  differently once ``row`` is complete (a missed key is a sync that sleeps past news);
+  :func:`sharers_key` names the users who share a room with someone.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "UserDataSection",
     "events",
     "room_key",
+    "sharers_key",
     "user_key",
 ]
 
@@ -51,6 +53,17 @@ def user_key(user_id: str) -> str:
 def room_key(room_id: str) -> str:
     """The wake key of a room."""
     return "r" + room_id
+
+
+#: The first character of :func:`sharers_key` keys (no sync registers under one).
+SHARERS_PREFIX = "s"
+
+
+def sharers_key(user_id: str) -> str:
+    """The wake key of every user sharing a room with ``user_id``: the notifier looks up
+    the rooms ``user_id`` is joined to and wakes those rooms' keys (a sync registers
+    under its user and rooms only)."""
+    return SHARERS_PREFIX + user_id
 
 
 def events(items: list[Any]) -> dict[str, Any]:

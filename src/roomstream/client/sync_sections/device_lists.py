@@ -12,40 +12,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Self
 
 from roomstream.client.sync_sections.base import (
     SyncContext,
     SyncSection,
     SyncServices,
-    room_key,
+    sharers_key,
     user_key,
 )
 from roomstream.e2e import E2eKeys
 from roomstream.streams.rows import DeviceListsRow
 
-__all__ = ["DeviceListsSection", "device_change_audience"]
-
-
-def device_change_audience(
-    rooms_of: Callable[[str], Awaitable[list[str]]],
-) -> Callable[[list[str]], Awaitable[Iterable[str]]]:
-    """The notifier's audience of a device change (``Notifier.audiences``): from the
-    woken user keys, the keys of every room those users are joined to (the syncs of
-    everyone sharing a room with them listen there)."""
-
-    async def audience(keys: list[str]) -> Iterable[str]:
-        rooms: set[str] = set()
-        for key in keys:
-            if key.startswith(USER_KEY_PREFIX):
-                rooms.update(await rooms_of(key[len(USER_KEY_PREFIX) :]))
-        return [room_key(r) for r in sorted(rooms)]
-
-    return audience
-
-
-USER_KEY_PREFIX = user_key("")
+__all__ = ["DeviceListsSection"]
 
 
 class DeviceListsSection(SyncSection):
@@ -61,9 +41,11 @@ class DeviceListsSection(SyncSection):
 
     @staticmethod
     def wake_keys(row: Sequence[Any]) -> list[str]:
-        # The user's own syncs; the notifier's audience for this stream
-        # (device_change_audience) then wakes the syncs sharing a room with them.
-        return [user_key(DeviceListsRow.from_wire(row).user_id)]
+        # The user's own syncs, and everyone sharing a room with them: their clients must
+        # re-query the keys before they next encrypt for a shared room (a new device
+        # missed there cannot read what is sent meanwhile).
+        user_id = DeviceListsRow.from_wire(row).user_id
+        return [user_key(user_id), sharers_key(user_id)]
 
     def current_position(self) -> int:
         return 0 if self.keys is None else self.keys.position()
