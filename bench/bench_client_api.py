@@ -22,15 +22,22 @@ measuring. Every server gets the same requests from the same plain aiohttp clien
   (ms; first call and median of the repeats);
 - ``messages``: ``/messages`` walking back (``dir=b``, ``limit=50``) through a room of M
   messages, from its end to its creation (events/s; first walk and median);
-- ``state``: ``GET /rooms/{id}/state`` of a room with S joined members (ms, median).
+- ``state``: ``GET /rooms/{id}/state`` of a room with S joined members (ms, median);
+- ``keys_query``: one client's ``POST /keys/query`` for U users of 3 devices each, every
+  device with ed25519-signed device keys (ms, median; queries/s);
+- ``keys_claim``: ``POST /keys/claim`` of one ``signed_curve25519`` key from each of D
+  devices in one request (ms, median);
+- ``to_device_wake``: user B long-polls ``/sync``; the time from the start of A's
+  ``PUT /sendToDevice`` to B's response carrying that message (ms, p50 and p99).
 
 Set-up (users, rooms, the messages and members the read scenarios need) is not measured
 and runs as concurrently as each server takes it. Each scenario checks the answers it
-times (room count, timeline lengths, events walked, state size), so a server cannot look
-fast by answering less. ``--profile SCENARIO`` samples the roomstream server with py-spy
-during that scenario and prints where its time goes. Registration must be open on a
-``--url`` server. Results: ``bench/results/client_api.json``, with roomstream/Synapse
-ratios (above 1 means roomstream is better).
+times (room count, timeline lengths, events walked, state size, every device's keys, one
+distinct one-time key per device per claim), so a server cannot look fast by answering
+less. ``--profile SCENARIO`` samples the roomstream server with py-spy during that
+scenario and prints where its time goes. Registration must be open on a ``--url`` server.
+Results: ``bench/results/client_api.json`` (another stem with ``--name``), with
+roomstream/Synapse ratios (above 1 means roomstream is better).
 """
 
 from __future__ import annotations
@@ -59,6 +66,9 @@ import orjson
 import psycopg
 import yaml
 from psycopg import sql
+from signedjson.key import generate_signing_key, get_verify_key
+from signedjson.sign import sign_json
+from unpaddedbase64 import encode_base64
 
 import common
 
@@ -74,6 +84,11 @@ SIZES: dict[str, dict[str, int]] = {
         "sync_repeats": 9,
         "walk_repeats": 5,
         "state_repeats": 50,
+        "key_users": 100,  # x KEY_DEVICES devices each
+        "query_repeats": 50,
+        "claim_devices": 100,
+        "claim_repeats": 50,
+        "td_wake": 100,
     },
     "quick": {
         "seq": 100,
@@ -86,9 +101,18 @@ SIZES: dict[str, dict[str, int]] = {
         "sync_repeats": 3,
         "walk_repeats": 3,
         "state_repeats": 10,
+        "key_users": 20,
+        "query_repeats": 10,
+        "claim_devices": 20,
+        "claim_repeats": 10,
+        "td_wake": 20,
     },
 }
 SENDERS = 16
+#: Devices per user in ``keys_query`` (each one a login).
+KEY_DEVICES = 3
+#: The password of the users that log in (``keys_query``): set-up only.
+PASSWORD = "bench-pw"
 #: Concurrency of the unmeasured set-up requests.
 SETUP_CONCURRENCY = 16
 WARMUP_SENDS = 10
@@ -104,6 +128,10 @@ HEADLINES: dict[str, tuple[str, bool]] = {
     "initial_sync_limit5": ("initial_sync_limit5_ms_p50", False),
     "messages": ("messages_events_per_s", True),
     "state": ("state_ms_p50", False),
+    "keys_query": ("keys_query_ms_p50", False),
+    "keys_claim": ("keys_claim_ms_p50", False),
+    "to_device_wake_p50": ("to_device_wake_ms_p50", False),
+    "to_device_wake_p99": ("to_device_wake_ms_p99", False),
 }
 #: roomstream on SQLite must reach these (issue 11, section 5).
 TARGETS: dict[str, tuple[str, float]] = {
@@ -116,7 +144,24 @@ TARGETS: dict[str, tuple[str, float]] = {
     "messages_events_per_s": (">=", 40000),
     "state_ms_p50": ("<=", 1),
 }
-SCENARIOS = ("send_seq", "send_16", "sync_wake", "initial_sync", "messages", "state")
+#: roomstream on SQLite must be at least this many times Synapse on SQLite, by headline
+#: ratio (issue 19, section 3).
+RATIO_TARGETS: dict[str, float] = {
+    "keys_query": 10,
+    "keys_claim": 10,
+    "to_device_wake_p50": 10,
+}
+SCENARIOS = (
+    "send_seq",
+    "send_16",
+    "sync_wake",
+    "initial_sync",
+    "messages",
+    "state",
+    "keys_query",
+    "keys_claim",
+    "to_device_wake",
+)
 #: The timed parts of the scenarios (what ``--profile`` can sample).
 TIMED_PARTS = (
     "send_seq",
@@ -127,6 +172,9 @@ TIMED_PARTS = (
     "initial_sync_limit5",
     "messages",
     "state",
+    "keys_query",
+    "keys_claim",
+    "to_device_wake",
 )
 
 
@@ -151,6 +199,7 @@ def percentile(values: list[float], pct: float) -> float:
 class User:
     user_id: str
     token: str
+    device_id: str = ""
 
 
 class HTTPError(RuntimeError):
@@ -207,7 +256,27 @@ class Client:
                 raise
             self.needs_password[0] = True
             return await self.register(name)
-        return User(result["user_id"], result["access_token"])
+        return User(result["user_id"], result["access_token"], result.get("device_id", ""))
+
+    async def register_for_login(self, name: str) -> str:
+        """A user with a password and no device yet (``inhibit_login``); its ID."""
+        body = {
+            "username": name,
+            "password": PASSWORD,
+            "inhibit_login": True,
+            "auth": {"type": "m.login.dummy"},
+        }
+        return str((await self.call("POST", "/register", body=body))["user_id"])
+
+    async def login(self, user_id: str) -> User:
+        """A new device of ``user_id`` (registered by :meth:`register_for_login`)."""
+        body = {
+            "type": "m.login.password",
+            "identifier": {"type": "m.id.user", "user": user_id},
+            "password": PASSWORD,
+        }
+        result = await self.call("POST", "/login", body=body)
+        return User(result["user_id"], result["access_token"], result["device_id"])
 
     async def create_room(self, user: User) -> str:
         body = {"preset": "public_chat"}
@@ -409,6 +478,161 @@ async def state(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> 
     return {"state_ms_p50": statistics.median(times), "state_events": len(events)}
 
 
+class DeviceKeys:
+    """A device's ed25519 identity key and the key objects it signs, as a client makes
+    them (the server checks the self-signature of device keys)."""
+
+    def __init__(self, user: User) -> None:
+        self.user = user
+        self.signing_key = generate_signing_key(user.device_id)
+
+    def _public(self, key: bytes) -> str:
+        return encode_base64(key)
+
+    def device_keys(self) -> dict[str, Any]:
+        device = self.user.device_id
+        ed25519 = self._public(get_verify_key(self.signing_key).encode())
+        keys = {
+            "user_id": self.user.user_id,
+            "device_id": device,
+            "algorithms": ["m.olm.v1.curve25519-aes-sha2", "m.megolm.v1.aes-sha2"],
+            "keys": {
+                # Any 32 bytes stand for the Curve25519 key: the server never uses it.
+                f"curve25519:{device}": self._public(os.urandom(32)),
+                f"ed25519:{device}": ed25519,
+            },
+        }
+        return sign_json(keys, self.user.user_id, self.signing_key)
+
+    def one_time_keys(self, count: int) -> dict[str, Any]:
+        return {
+            f"signed_curve25519:AAAA{i:04d}": sign_json(
+                {"key": self._public(os.urandom(32))}, self.user.user_id, self.signing_key
+            )
+            for i in range(count)
+        }
+
+    async def upload(self, client: Client, one_time_keys: int = 0) -> dict[str, Any]:
+        body: dict[str, Any] = {"device_keys": self.device_keys()}
+        if one_time_keys:
+            body["one_time_keys"] = self.one_time_keys(one_time_keys)
+        result: dict[str, Any] = await client.call("POST", "/keys/upload", self.user.token, body)
+        return result
+
+
+async def keys_query(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> dict[str, Any]:
+    user_ids = await bounded(
+        SETUP_CONCURRENCY,
+        [client.register_for_login(f"kq{i}x{tag}") for i in range(sizes["key_users"])],
+    )
+    devices = await bounded(
+        SETUP_CONCURRENCY, [client.login(u) for u in user_ids for _ in range(KEY_DEVICES)]
+    )
+    signers = [DeviceKeys(d) for d in devices]
+    await bounded(SETUP_CONCURRENCY, [s.upload(client) for s in signers])
+    expected = {(d.user_id, d.device_id): s for d, s in zip(devices, signers, strict=True)}
+    querier = devices[0]
+    body: dict[str, Any] = {"device_keys": {u: [] for u in user_ids}}
+    await client.call("POST", "/keys/query", querier.token, body)  # warm-up
+    times = []
+    async with hook("keys_query"):
+        started_all = time.perf_counter()
+        for _ in range(sizes["query_repeats"]):
+            started = time.perf_counter()
+            answer = await client.call("POST", "/keys/query", querier.token, body)
+            times.append(ms_since(started))
+        seconds = time.perf_counter() - started_all
+    got = {
+        (user_id, device_id): keys
+        for user_id, by_device in answer["device_keys"].items()
+        for device_id, keys in by_device.items()
+    }
+    if set(got) != set(expected):
+        raise RuntimeError(f"keys_query: {len(got)} devices' keys of {len(expected)}")
+    for (user_id, device_id), keys in got.items():
+        own = keys.get("signatures", {}).get(user_id, {}).get(f"ed25519:{device_id}")
+        if keys.get("keys") is None or not own:
+            raise RuntimeError(f"keys_query: {user_id} {device_id}: keys or signature missing")
+    return {
+        "keys_query_ms_p50": statistics.median(times),
+        "keys_query_per_s": sizes["query_repeats"] / seconds,
+        "keys_query_devices": len(got),
+    }
+
+
+async def keys_claim(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> dict[str, Any]:
+    repeats = sizes["claim_repeats"]
+    devices = await bounded(
+        SETUP_CONCURRENCY,
+        [client.register(f"kc{i}x{tag}") for i in range(sizes["claim_devices"])],
+    )
+    # One key per device for the warm-up claim, one per measured claim.
+    await bounded(SETUP_CONCURRENCY, [DeviceKeys(d).upload(client, repeats + 1) for d in devices])
+    claimer = await client.register(f"kcc{tag}")
+    body = {
+        "one_time_keys": {d.user_id: {d.device_id: "signed_curve25519"} for d in devices},
+    }
+    answers = [await client.call("POST", "/keys/claim", claimer.token, body)]  # warm-up
+    times = []
+    async with hook("keys_claim"):
+        for _ in range(repeats):
+            started = time.perf_counter()
+            answers.append(await client.call("POST", "/keys/claim", claimer.token, body))
+            times.append(ms_since(started))
+    handed_out: set[tuple[str, str, str]] = set()
+    for answer in answers:
+        count = 0
+        for user_id, by_device in answer["one_time_keys"].items():
+            for device_id, keys in by_device.items():
+                for key_id, key in keys.items():
+                    if not key_id.startswith("signed_curve25519:") or "signatures" not in key:
+                        raise RuntimeError(f"keys_claim: {user_id} {device_id}: {key_id} {key}")
+                    handed_out.add((user_id, device_id, key_id))
+                    count += 1
+        if count != len(devices):
+            raise RuntimeError(f"keys_claim: {count} keys claimed of {len(devices)}")
+    if len(handed_out) != len(devices) * len(answers):
+        raise RuntimeError("keys_claim: a one-time key was handed out twice")
+    return {"keys_claim_ms_p50": statistics.median(times)}
+
+
+async def to_device_wake(
+    client: Client, sizes: dict[str, int], tag: str, hook: Hook
+) -> dict[str, Any]:
+    alice = await client.register(f"ta{tag}")
+    bob = await client.register(f"tb{tag}")
+    since = (await client.sync(bob, timeout=0))["next_batch"]
+
+    def carried(response: dict[str, Any], nonce: str) -> bool:
+        events = response.get("to_device", {}).get("events", [])
+        return any(e.get("content", {}).get("nonce") == nonce for e in events)
+
+    latencies: list[float] = []
+    async with hook("to_device_wake"):
+        for i in range(sizes["td_wake"]):
+            poll = asyncio.create_task(client.sync(bob, since=since, timeout=30000))
+            # As in sync_wake: time for the long poll to park (not measured).
+            await asyncio.sleep(0.03)
+            nonce = f"{tag}-{i}"
+            client.txn[0] += 1
+            message = {"messages": {bob.user_id: {bob.device_id: {"nonce": nonce}}}}
+            started = time.perf_counter()
+            await client.call(
+                "PUT", f"/sendToDevice/m.bench.wake/t{client.txn[0]}", alice.token, message
+            )
+            response = await poll
+            while not carried(response, nonce):  # woken by something else
+                since = response["next_batch"]
+                response = await client.sync(bob, since=since, timeout=30000)
+            latencies.append(ms_since(started))
+            since = response["next_batch"]
+    return {
+        "to_device_wake_ms_p50": statistics.median(latencies),
+        "to_device_wake_ms_p99": percentile(latencies, 99),
+        "to_device_wake_ms_max": max(latencies),
+    }
+
+
 RUNNERS: dict[str, Callable[[Client, dict[str, int], str, Hook], Awaitable[dict[str, Any]]]] = {
     "send_seq": send_seq,
     "send_16": send_16,
@@ -416,6 +640,9 @@ RUNNERS: dict[str, Callable[[Client, dict[str, int], str, Hook], Awaitable[dict[
     "initial_sync": initial_sync,
     "messages": messages,
     "state": state,
+    "keys_query": keys_query,
+    "keys_claim": keys_claim,
+    "to_device_wake": to_device_wake,
 }
 
 
@@ -762,6 +989,13 @@ def ratios(targets: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+def ratio_verdicts(ratios_found: dict[str, dict[str, float]]) -> dict[str, bool]:
+    """Whether roomstream on SQLite reached :data:`RATIO_TARGETS` against Synapse on
+    SQLite, for the headlines both measured."""
+    pair = ratios_found.get("roomstream sqlite vs synapse sqlite", {})
+    return {h: pair[h] >= bound for h, bound in RATIO_TARGETS.items() if h in pair}
+
+
 def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
     met = {}
     for key, (op, bound) in TARGETS.items():
@@ -822,6 +1056,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             shutil.rmtree(work_root, ignore_errors=True)
     results["ratios"] = ratios(results["targets"])
+    results["ratio_targets_met"] = ratio_verdicts(results["ratios"])
     if profiles:
         results["profiles"] = profiles
     return results
@@ -846,6 +1081,9 @@ def print_table(results: dict[str, Any]) -> None:
     print(common.markdown_table(header, rows))
     for pair in pairs:
         print(f"ratios: {pair} (above 1: roomstream better)")
+    for headline, met in results.get("ratio_targets_met", {}).items():
+        wanted = RATIO_TARGETS[headline]
+        print(f"target {headline} >= {wanted:g}x Synapse (SQLite): {'met' if met else 'NOT met'}")
     for label, report in results.get("profiles", {}).items():
         for name, summary in report.items():
             print(
@@ -884,6 +1122,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep server logs and databases")
     parser.add_argument("--show", metavar="JSON", help="print the tables of a results file")
     parser.add_argument("--no-write", action="store_true", help="do not write the JSON file")
+    parser.add_argument(
+        "--name",
+        default="client_api",
+        help="results file stem: bench/results/NAME.json (default client_api)",
+    )
     args = parser.parse_args()
     if args.show:
         print_table(orjson.loads(Path(args.show).read_bytes())["results"])
@@ -891,7 +1134,7 @@ def main() -> None:
     results = asyncio.run(run(args))
     print_table(results)
     if not args.no_write:
-        print(f"results: {common.write_results('client_api', results, args.quick)}")
+        print(f"results: {common.write_results(args.name, results, args.quick)}")
 
 
 if __name__ == "__main__":
