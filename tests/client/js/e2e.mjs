@@ -7,9 +7,8 @@
 // the room on a chosen events writer. Prints one JSON line of what each user read; exits
 // non-zero with the reason on the first failure.
 import { createHash } from "node:crypto";
-import * as sdk from "matrix-js-sdk";
 import { logger } from "matrix-js-sdk/lib/logger.js";
-import { registeredClient } from "./accounts.mjs";
+import { cryptoUser, decrypts, encryptedRoom } from "./crypto_clients.mjs";
 
 logger.setLevel("error");
 const args = process.argv.slice(2);
@@ -20,97 +19,21 @@ if (args[0] === "--room-shard") {
   args.splice(0, 2);
 }
 const [aliceUrl, bobUrl = aliceUrl] = args;
-const WAIT_MS = 60000;
-const MAX_ROOMS = 40; // each room lands on the wanted shard of 2 with 1/2: 2**-40 to fail
 
-function shardOf(roomId) {
+function onWantedShard(roomId) {
+  if (roomShard === null) return true;
   const digest = createHash("sha256").update(roomId, "utf8").digest();
-  return digest.readBigUInt64BE(0) % roomShard.count;
-}
-
-function waitFor(client, what, check) {
-  // Re-checks on every sync, timeline event and decryption.
-  return new Promise((resolve, reject) => {
-    const done = () => {
-      let value;
-      try {
-        value = check();
-      } catch (err) {
-        cleanup();
-        reject(err);
-        return;
-      }
-      if (value) {
-        cleanup();
-        resolve(value);
-      }
-    };
-    const timer = setTimeout(() => {
-      cleanup();
-      reject(new Error(`timed out waiting for ${what}`));
-    }, WAIT_MS);
-    const events = [
-      sdk.ClientEvent.Sync,
-      sdk.RoomEvent.Timeline,
-      sdk.RoomEvent.MyMembership,
-      sdk.MatrixEventEvent.Decrypted,
-    ];
-    const cleanup = () => {
-      clearTimeout(timer);
-      for (const name of events) client.off(name, done);
-    };
-    for (const name of events) client.on(name, done);
-    done();
-  });
-}
-
-async function user(name, baseUrl) {
-  const client = await registeredClient(baseUrl, name);
-  await client.initRustCrypto({ useIndexedDB: false });
-  await client.startClient({ initialSyncLimit: 20 });
-  await waitFor(client, `${name}'s first sync`, () => client.isInitialSyncComplete());
-  return client;
-}
-
-function plaintexts(client, roomId) {
-  const room = client.getRoom(roomId);
-  if (!room) return [];
-  return room
-    .getLiveTimeline()
-    .getEvents()
-    .filter((e) => e.getType() === "m.room.message" && !e.isDecryptionFailure())
-    .map((e) => e.getContent().body);
+  return digest.readBigUInt64BE(0) % roomShard.count === roomShard.index;
 }
 
 async function main() {
-  const alice = await user("alice", aliceUrl);
-  const bob = await user("bob", bobUrl);
-  let roomId;
-  for (let attempt = 0; ; attempt++) {
-    if (attempt === MAX_ROOMS) throw new Error(`no room on shard ${roomShard.index}`);
-    ({ room_id: roomId } = await alice.createRoom({
-      invite: [bob.getUserId()],
-      initial_state: [
-        { type: "m.room.encryption", state_key: "", content: { algorithm: "m.megolm.v1.aes-sha2" } },
-      ],
-    }));
-    if (roomShard === null || shardOf(roomId) === roomShard.index) break;
-  }
-  await waitFor(bob, "bob's invite", () => bob.getRoom(roomId)?.getMyMembership() === "invite");
-  await bob.joinRoom(roomId);
-  await waitFor(alice, "bob joined, seen by alice", () =>
-    alice.getRoom(roomId)?.getMember(bob.getUserId())?.membership === "join",
-  );
+  const alice = await cryptoUser(aliceUrl, "alice");
+  const bob = await cryptoUser(bobUrl, "bob");
+  const roomId = await encryptedRoom(alice, bob, { accept: onWantedShard });
   await alice.sendTextMessage(roomId, "secret from alice");
-  const bobRead = await waitFor(bob, "bob decrypts", () => {
-    const seen = plaintexts(bob, roomId);
-    return seen.includes("secret from alice") && seen;
-  });
+  const bobRead = await decrypts(bob, roomId, "secret from alice", "bob decrypts");
   await bob.sendTextMessage(roomId, "secret from bob");
-  const aliceRead = await waitFor(alice, "alice decrypts", () => {
-    const seen = plaintexts(alice, roomId);
-    return seen.includes("secret from bob") && seen;
-  });
+  const aliceRead = await decrypts(alice, roomId, "secret from bob", "alice decrypts");
   // What the server stored is ciphertext only.
   const raw = await bob.createMessagesRequest(roomId, null, 10, "b");
   const types = raw.chunk.filter((e) => e.sender === alice.getUserId()).map((e) => e.type);
