@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from tests.support.e2e_keys import Device
-from tests.support.homeserver import Homeserver, signal_waits
+from tests.support.homeserver import Homeserver, User, signal_waits
 
 
 async def test_counts_and_changed_device_lists(homeserver: Homeserver) -> None:
@@ -63,10 +63,12 @@ async def test_own_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
     assert woken["device_lists"]["changed"] == [alice.user_id]
 
 
-async def test_a_room_members_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
-    """Bob's new device keys wake Alice's waiting sync (they share a room): her client must
-    re-query his keys before it next encrypts for the room."""
-    hs = homeserver
+async def alice_waits_in_a_room_with_bob(
+    hs: Homeserver,
+) -> tuple[User, User, asyncio.Event, asyncio.Task[Any]]:
+    """alice and bob share a room; alice's incremental sync (a minute's long poll) is
+    started, and ``waiting`` is set each time a sync starts waiting.
+    Returns (alice, bob, waiting, the poll)."""
     alice = await hs.register("alice")
     bob = await hs.register("bob")
     room = (await hs.ok("POST", "/createRoom", {"invite": [bob.user_id]}, token=alice.token))[
@@ -78,6 +80,14 @@ async def test_a_room_members_key_change_wakes_a_long_poll(homeserver: Homeserve
     poll = asyncio.create_task(
         hs.ok("GET", f"/sync?since={since}&timeout=60000", token=alice.token)
     )
+    return alice, bob, waiting, poll
+
+
+async def test_a_room_members_key_change_wakes_a_long_poll(homeserver: Homeserver) -> None:
+    """Bob's new device keys wake Alice's waiting sync (they share a room): her client must
+    re-query his keys before it next encrypts for the room."""
+    hs = homeserver
+    _, bob, waiting, poll = await alice_waits_in_a_room_with_bob(hs)
     await asyncio.wait_for(waiting.wait(), 30)
     keys = Device(bob.user_id, bob.device_id).device_keys()
     await hs.ok("POST", "/keys/upload", {"device_keys": keys}, token=bob.token)
@@ -91,17 +101,7 @@ async def test_a_replicated_key_change_wakes_room_members_once_complete(
     """A device_lists row written by another process wakes the syncs here of the users
     sharing a room with its user, once that writer's position reaches it."""
     hs = homeserver
-    alice = await hs.register("alice")
-    bob = await hs.register("bob")
-    room = (await hs.ok("POST", "/createRoom", {"invite": [bob.user_id]}, token=alice.token))[
-        "room_id"
-    ]
-    await hs.ok("POST", f"/join/{room}", {}, token=bob.token)
-    since = (await hs.ok("GET", "/sync", token=alice.token))["next_batch"]
-    waiting = signal_waits(hs)
-    poll = asyncio.create_task(
-        hs.ok("GET", f"/sync?since={since}&timeout=60000", token=alice.token)
-    )
+    _, bob, waiting, poll = await alice_waits_in_a_room_with_bob(hs)
     try:
         await asyncio.wait_for(waiting.wait(), 30)
         waiting.clear()

@@ -4,49 +4,10 @@
 import * as sdk from "matrix-js-sdk";
 import { logger } from "matrix-js-sdk/lib/logger.js";
 import { registeredClient } from "./accounts.mjs";
+import { waitFor } from "./wait.mjs";
 
 logger.setLevel("error");
 const baseUrl = process.argv[2];
-const WAIT_MS = 30000;
-
-function waitFor(client, what, check) {
-  // Re-checks whenever the client processes a sync or a timeline event.
-  return new Promise((resolve, reject) => {
-    const done = () => {
-      let value;
-      try {
-        value = check();
-      } catch (err) {
-        cleanup();
-        reject(err);
-        return;
-      }
-      if (value) {
-        cleanup();
-        resolve(value);
-      }
-    };
-    const timer = setTimeout(() => {
-      cleanup();
-      reject(new Error(`timed out waiting for ${what}`));
-    }, WAIT_MS);
-    const cleanup = () => {
-      clearTimeout(timer);
-      client.off(sdk.ClientEvent.Sync, done);
-      client.off(sdk.RoomEvent.Timeline, done);
-      client.off(sdk.RoomStateEvent.Events, done);
-      client.off(sdk.RoomEvent.MyMembership, done);
-      client.off(sdk.RoomEvent.Redaction, done);
-    };
-    client.on(sdk.ClientEvent.Sync, done);
-    client.on(sdk.RoomEvent.Timeline, done);
-    client.on(sdk.RoomStateEvent.Events, done);
-    client.on(sdk.RoomEvent.MyMembership, done);
-    client.on(sdk.RoomEvent.Redaction, done);
-    done();
-  });
-}
-
 async function user(name) {
   const client = await registeredClient(baseUrl, name);
   await client.startClient({ initialSyncLimit: 20 });
