@@ -24,6 +24,12 @@ Example (every key optional)::
     redis: {host: 127.0.0.1, port: 6379}
     enable_registration: true      # open POST /_matrix/client/v3/register (false: closed;
                                    # `roomstream register` still creates users)
+    public_baseurl: null           # the URL clients reach the Client-Server API at,
+                                   # served as GET /.well-known/matrix/client's
+                                   # m.homeserver.base_url (null: this instance's own
+                                   # listener, http://127.0.0.1:8008/ by default)
+    allow_guest_access: false      # POST /register?kind=guest makes guest accounts
+                                   # (docs/client_api.md, "Guest access")
     run_views_job: false           # `roomstream run` also runs the views streaming job
                                    # (the directory endpoints' data); `make run` does
     http:                          # limits of every HTTP listener, per connection
@@ -47,6 +53,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -137,9 +144,24 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     caches: CachesConfig = field(default_factory=CachesConfig)
     enable_registration: bool = True
+    #: The Client-Server API's public base URL (``http(s)://host[:port][/path]/``, always
+    #: with a trailing slash); None: this instance's own client listener.
+    public_baseurl: str | None = None
+    #: Guests may register (``POST /register?kind=guest``) and use the guest endpoints.
+    allow_guest_access: bool = False
     #: `roomstream run` also runs the views streaming job (one process of a deployment
     #: should: they share the view tables); `--views` / `--no-views` override it.
     run_views_job: bool = False
+
+    def client_base_url(self) -> str:
+        """The Client-Server API's base URL as clients should use it (with a trailing
+        slash): ``public_baseurl``, or else this instance's own client listener."""
+        if self.public_baseurl is not None:
+            return self.public_baseurl
+        me = self.instance()
+        host = "127.0.0.1" if me.host in ("0.0.0.0", "::") else me.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{me.http_port or 8008}/"
 
     def writers_of(self, stream_name: str) -> tuple[str, ...]:
         """The configured writers of a stream; the main instance if none are named."""
@@ -327,8 +349,15 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
     if not isinstance(run_views_job, bool):
         problems.append(f"run_views_job must be true or false, not {run_views_job!r}")
         run_views_job = False
+    allow_guest_access = raw.get("allow_guest_access", False)
+    if not isinstance(allow_guest_access, bool):
+        problems.append(f"allow_guest_access must be true or false, not {allow_guest_access!r}")
+        allow_guest_access = False
+    public_baseurl = _public_baseurl(raw.get("public_baseurl"), problems)
     config = Config(
         enable_registration=enable_registration,
+        allow_guest_access=allow_guest_access,
+        public_baseurl=public_baseurl,
         run_views_job=run_views_job,
         server_name=str(raw.get("server_name", "localhost")),
         instance_name=str(raw.get("instance_name", "main")),
@@ -365,6 +394,35 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def _public_baseurl(raw: Any, problems: list[str]) -> str | None:
+    """``public_baseurl`` with a trailing slash (as Synapse keeps it), or None; a value
+    that is not an absolute http(s) URL with a host (and no query or fragment) is one
+    problem line."""
+    if raw is None:
+        return None
+    why = "must be an http:// or https:// URL with a host, such as https://matrix.example.org/"
+    if not isinstance(raw, str):
+        problems.append(f"public_baseurl {why}, not {raw!r}")
+        return None
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+        or any(c.isspace() for c in raw)
+    ):
+        problems.append(f"public_baseurl {why}, not {raw!r}")
+        return None
+    return raw if raw.endswith("/") else raw + "/"
 
 
 def _stream_writers(raw: Any, problems: list[str]) -> dict[str, tuple[str, ...]]:

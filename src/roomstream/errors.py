@@ -42,6 +42,11 @@ class Codes(StrEnum):
     UNKNOWN_TOKEN = "M_UNKNOWN_TOKEN"
     MISSING_TOKEN = "M_MISSING_TOKEN"
     GUEST_ACCESS_FORBIDDEN = "M_GUEST_ACCESS_FORBIDDEN"
+    USER_DEACTIVATED = "M_USER_DEACTIVATED"
+    #: 3PIDs: no validated third-party-identifier session is known (none ever is here).
+    THREEPID_AUTH_FAILED = "M_THREEPID_AUTH_FAILED"
+    #: 3PIDs: this server does not verify that medium (email, msisdn).
+    THREEPID_MEDIUM_NOT_SUPPORTED = "M_THREEPID_MEDIUM_NOT_SUPPORTED"
     BAD_ALIAS = "M_BAD_ALIAS"
     ROOM_IN_USE = "M_ROOM_IN_USE"
     #: Sliding sync: the connection or snapshot ``pos`` names is gone; start again.
@@ -125,6 +130,20 @@ class BadJsonError(NamedError):
 
     HTTP_STATUS = 400
     ERRCODE = Codes.BAD_JSON
+
+
+class ThreepidAuthFailedError(NamedError):
+    """No validated 3PID session backs the request (400 ``M_THREEPID_AUTH_FAILED``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.THREEPID_AUTH_FAILED
+
+
+class ThreepidMediumNotSupportedError(NamedError):
+    """A 3PID medium this server cannot verify (400 ``M_THREEPID_MEDIUM_NOT_SUPPORTED``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.THREEPID_MEDIUM_NOT_SUPPORTED
 
 
 class NotJsonError(NamedError):
@@ -252,6 +271,13 @@ class ForbiddenError(NamedError):
     ERRCODE = Codes.FORBIDDEN
 
 
+class UserDeactivatedError(NamedError):
+    """Login to a deactivated account (403 ``M_USER_DEACTIVATED``)."""
+
+    HTTP_STATUS = 403
+    ERRCODE = Codes.USER_DEACTIVATED
+
+
 class AuthError(ForbiddenError):
     """An event (or request) that the authorization rules refuse (403 ``M_FORBIDDEN``)."""
 
@@ -280,7 +306,8 @@ class WrongRoomKeysVersionError(NamedError):
 
 
 class GuestAccessForbiddenError(NamedError):
-    """Guests may not do this (here: register; 403 ``M_GUEST_ACCESS_FORBIDDEN``)."""
+    """Guests may not do this: an endpoint outside the guests' list, or guest
+    registration while guest access is off (403 ``M_GUEST_ACCESS_FORBIDDEN``)."""
 
     HTTP_STATUS = 403
     ERRCODE = Codes.GUEST_ACCESS_FORBIDDEN

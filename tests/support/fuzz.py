@@ -33,16 +33,21 @@ class FuzzTarget:
     routes: list[tuple[str, str]]
 
 
-def serve_fuzz_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget]:
+def serve_fuzz_target(
+    tmp_path_factory: pytest.TempPathFactory, **overrides: Any
+) -> Iterator[FuzzTarget]:
     """A client API on its own thread and event loop (hypothesis drives it with plain
-    blocking requests), with a user, a room and an event; stopped when resumed."""
+    blocking requests), with a user, a room and an event; stopped when resumed.
+    ``overrides``: configuration keys (``Config`` fields) other than the defaults."""
     tmp: Path = tmp_path_factory.mktemp("fuzz")
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     found: dict[str, Any] = {}
 
     async def start() -> tuple[RoomEngine, web.AppRunner, Any]:
-        config = make_config(DatabaseConfig(engine="sqlite", path=str(tmp / "fuzz.db")), tmp)
+        config = make_config(
+            DatabaseConfig(engine="sqlite", path=str(tmp / "fuzz.db")), tmp, **overrides
+        )
         engine = await open_room_engine(config)
         process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
         app = web.Application(client_max_size=64 * 1024)

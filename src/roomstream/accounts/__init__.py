@@ -4,7 +4,7 @@ The Client-Server API (:mod:`roomstream.client`) and the ``roomstream register``
 use :class:`Accounts`; nothing here knows about HTTP.
 """
 
-from roomstream.accounts.service import Accounts, LoginResult, Requester, parse_user_id
+from roomstream.accounts.service import Accounts, Keep, LoginResult, Requester, parse_user_id
 from roomstream.accounts.store import AccountStore
 
-__all__ = ["AccountStore", "Accounts", "LoginResult", "Requester", "parse_user_id"]
+__all__ = ["AccountStore", "Accounts", "Keep", "LoginResult", "Requester", "parse_user_id"]

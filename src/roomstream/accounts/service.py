@@ -4,7 +4,10 @@ Invariants: a user ID is ``@localpart:server_name`` with the localpart from the 
 grammar (``a-z 0-9 . _ = - / +``, :func:`~roomstream.grammar.is_new_user_id`) and at most
 255 bytes in all; passwords are kept only as argon2 hashes; access tokens only as
 SHA-256 hashes; every login creates (or reuses, when the client names it) a device and
-gives it a fresh token.
+gives it a fresh token. Guests (``allow_guest_access``) get numeric localparts, which
+are reserved for them as in Synapse, no password, and tokens marked as a guest's
+(:mod:`~roomstream.accounts.tokens`); upgrading a guest ends every guest token of it. A
+deactivated user keeps its row, without a password, so its ID is never reused.
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ from typing import Any
 from roomstream.accounts.passwords import hash_password, verify_password
 from roomstream.accounts.store import AccountStore, UserExistsError
 from roomstream.accounts.token_cache import TOKEN_CACHE, TokenCache
-from roomstream.accounts.tokens import new_access_token, new_device_id, token_hash
+from roomstream.accounts.tokens import (
+    is_guest_token,
+    new_access_token,
+    new_device_id,
+    token_hash,
+)
 from roomstream.caches import stream_invalidation_txn
 from roomstream.errors import (
     ForbiddenError,
@@ -27,9 +35,11 @@ from roomstream.errors import (
     InvalidParamError,
     InvalidUsernameError,
     MatrixError,
+    MissingParamError,
     MissingTokenError,
     UnauthorizedError,
     UnknownTokenError,
+    UserDeactivatedError,
     UserInUseError,
 )
 from roomstream.grammar import is_new_user_id, is_new_user_localpart, split_user_id
@@ -38,6 +48,7 @@ from roomstream.streams import StreamIdGenerator
 
 __all__ = [
     "Accounts",
+    "Keep",
     "LoginResult",
     "Requester",
     "UserInteractiveAuthRequired",
@@ -54,10 +65,22 @@ REGISTRATION_SESSION_LIFETIME_MS = 48 * 3600 * 1000
 MAX_SESSION_LENGTH = 255
 #: The flow offered for sensitive actions of a logged-in user.
 PASSWORD_FLOWS = [{"stages": ["m.login.password"]}]
+#: Guests' localparts: numbers (Synapse's ``GUEST_USER_ID_PATTERN``), reserved for them.
+GUEST_LOCALPART_DIGITS = 12
 
 
-#: Ends sessions on the process that writes the ``caches`` stream: (user, device or None).
-EndSessions = Callable[[str, str | None], Awaitable[None]]
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """What ending all of a user's sessions spares: one device, and of its tokens only
+    ``token_hash`` (None: none of them)."""
+
+    device_id: str
+    token_hash: str | None
+
+
+#: Ends sessions on the process that writes the ``caches`` stream: (user, device or
+#: None, what to keep when ending all of them).
+EndSessions = Callable[[str, str | None, Keep | None], Awaitable[None]]
 
 
 class UserInteractiveAuthRequired(UnauthorizedError):
@@ -78,6 +101,8 @@ class Requester:
 
     user_id: str
     device_id: str
+    #: The request came with a guest's token (see :mod:`~roomstream.accounts.tokens`).
+    is_guest: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +130,7 @@ class Accounts:
         server_name: str,
         *,
         registration_enabled: bool = True,
+        guest_access_enabled: bool = False,
         token_cache: TokenCache | None = None,
         caches_writer: StreamIdGenerator | None = None,
         forward_end_sessions: EndSessions | None = None,
@@ -118,6 +144,7 @@ class Accounts:
         self.store = store
         self.server_name = server_name
         self.registration_enabled = registration_enabled
+        self.guest_access_enabled = guest_access_enabled
         self.token_cache = token_cache
         self._caches_writer = caches_writer
         self._forward_end_sessions = forward_end_sessions
@@ -148,8 +175,16 @@ class Accounts:
             return self.user_id_for(localpart)
         return self.user_id_for(user)
 
-    async def is_available(self, localpart: str) -> bool:
+    def new_user_id_for(self, localpart: str) -> str:
+        """:meth:`user_id_for` a user registering: a numeric localpart is refused
+        (``M_INVALID_USERNAME``), being reserved for guests, as in Synapse."""
         user_id = self.user_id_for(localpart)
+        if localpart.isascii() and localpart.isdigit():
+            raise InvalidUsernameError("numeric user IDs are reserved for guest users")
+        return user_id
+
+    async def is_available(self, localpart: str) -> bool:
+        user_id = self.new_user_id_for(localpart)
         if await self.store.get_user(user_id) is not None:
             raise UserInUseError("user ID already taken")
         return True
@@ -166,8 +201,15 @@ class Accounts:
         display_name: str | None = None,
         inhibit_login: bool = False,
         guest: bool = False,
+        guest_access_token: str | None = None,
     ) -> LoginResult:
         """Register through user-interactive auth (one ``m.login.dummy`` stage).
+
+        ``guest``: a guest account instead (:meth:`register_guest`; 403
+        ``M_GUEST_ACCESS_FORBIDDEN`` while guest access is off). ``guest_access_token``:
+        upgrade the guest that token belongs to into a full account with ``password``
+        (``localpart``, if given, must be the guest's own), as Synapse; its guest
+        sessions end, and the answer logs in afresh (unless ``inhibit_login``).
 
         The user name and password are checked before the auth stage, as Synapse does, so
         a client learns of a taken name before completing auth.
@@ -178,7 +220,7 @@ class Accounts:
         account's password (when it has one), so it grants nothing a login would not.
         """
         if guest:
-            raise GuestAccessForbiddenError("guest access is disabled")
+            return await self.register_guest(display_name)
         if not self.registration_enabled:
             raise ForbiddenError("registration has been disabled")
         _check_password(password)
@@ -191,8 +233,11 @@ class Accounts:
                 return await self._registered_again(
                     registered, password, device_id, display_name, inhibit_login
                 )
-        if localpart is not None:
-            user_id = self.user_id_for(localpart)
+        upgrading = None
+        if guest_access_token is not None:
+            upgrading = await self._guest_to_upgrade(guest_access_token, localpart)
+        if localpart is not None and upgrading is None:
+            user_id = self.new_user_id_for(localpart)
             if await self.store.get_user(user_id) is not None:
                 raise UserInUseError("user ID already taken")
         if not isinstance(auth, dict) or auth.get("type") != "m.login.dummy":
@@ -200,6 +245,10 @@ class Accounts:
             if not isinstance(session, str) or not session:
                 session = secrets.token_urlsafe(18)
             raise UserInteractiveAuthRequired(session, REGISTRATION_FLOWS)
+        if upgrading is not None:
+            return await self._upgrade_guest(
+                upgrading, password, device_id, display_name, inhibit_login, session
+            )
         return await self.create_account(
             localpart,
             password,
@@ -208,6 +257,73 @@ class Accounts:
             inhibit_login=inhibit_login,
             registration_session=session,
         )
+
+    async def register_guest(self, display_name: str | None = None) -> LoginResult:
+        """A new guest account, logged in (``POST /register?kind=guest``): a numeric
+        localpart, no password, a token marked as a guest's on a new device (guests do
+        not choose their device ID, as in Synapse). Not closed by
+        ``enable_registration`` (as in Synapse), only by guest access being off."""
+        if not self.guest_access_enabled:
+            raise GuestAccessForbiddenError("guest access is disabled")
+        for _ in range(10):
+            localpart = str(
+                secrets.randbelow(9 * 10 ** (GUEST_LOCALPART_DIGITS - 1))
+                + 10 ** (GUEST_LOCALPART_DIGITS - 1)
+            )
+            user_id = self.user_id_for(localpart)
+            try:
+                await self.store.create_user(user_id, None, False, is_guest=True)
+            except UserExistsError:
+                continue
+            return await self._new_session(user_id, None, display_name, guest=True)
+        raise InternalServerError("could not pick a free guest user ID")  # pragma: no cover
+
+    async def _guest_to_upgrade(self, guest_access_token: str, localpart: str | None) -> str:
+        """The active guest ``guest_access_token`` belongs to, which ``localpart`` (if
+        given) must name; 403 ``M_FORBIDDEN`` otherwise (Synapse's words)."""
+        owner = None
+        if is_guest_token(guest_access_token):
+            owner = await self.store.get_token_owner(token_hash(guest_access_token))
+        record = None if owner is None else await self.store.get_user(owner[0])
+        if (
+            record is None
+            or not record.is_guest
+            or (localpart is not None and self._names(localpart) != record.user_id)
+        ):
+            raise ForbiddenError(
+                "cannot register taken user ID without valid guest credentials for that user"
+            )
+        return record.user_id
+
+    async def _upgrade_guest(
+        self,
+        user_id: str,
+        password: str | None,
+        device_id: str | None,
+        display_name: str | None,
+        inhibit_login: bool,
+        session: str | None,
+    ) -> LoginResult:
+        """The guest ``user_id`` becomes a full account (its row stays, with the
+        password); then every session it had as a guest ends, so no guest token
+        outlives the upgrade (:mod:`~roomstream.accounts.tokens`)."""
+        password_hash = None if password is None else await hash_password(password)
+        registered = await self.store.upgrade_guest(
+            user_id,
+            password_hash,
+            registration_session=session,
+            session_since_ms=_registration_sessions_since(),
+        )
+        if registered is None:
+            raise ForbiddenError("this guest account can no longer be upgraded")
+        if registered != user_id:
+            return await self._registered_again(
+                registered, password, device_id, display_name, inhibit_login
+            )
+        await self.end_sessions(user_id, None)
+        if inhibit_login:
+            return LoginResult(user_id, None, None)
+        return await self._new_session(user_id, device_id, display_name)
 
     async def _registered_again(
         self,
@@ -287,19 +403,27 @@ class Accounts:
         _check_password(password)
         user_id = self.local_user_id(user)
         record = await self.store.get_user(user_id)
-        if record is None or record.password_hash is None or record.deactivated:
+        if record is not None and record.deactivated:
+            # As Synapse: a deactivated account says so (it has no password left to check).
+            raise UserDeactivatedError("this account has been deactivated")
+        if record is None or record.password_hash is None:
             raise ForbiddenError("invalid username or password")
         if not await verify_password(record.password_hash, password):
             raise ForbiddenError("invalid username or password")
         return await self._new_session(user_id, device_id, display_name)
 
     async def _new_session(
-        self, user_id: str, device_id: str | None, display_name: str | None
+        self,
+        user_id: str,
+        device_id: str | None,
+        display_name: str | None,
+        *,
+        guest: bool = False,
     ) -> LoginResult:
         if device_id is not None and not 0 < len(device_id) <= MAX_DEVICE_ID_LENGTH:
             raise InvalidParamError("device_id must be 1-255 characters")
         device_id = device_id or new_device_id()
-        token = new_access_token()
+        token = new_access_token(guest=guest)
         await self.store.login_device(user_id, device_id, display_name, token_hash(token))
         return LoginResult(user_id, device_id, token)
 
@@ -350,7 +474,7 @@ class Accounts:
                     cache.put(hashed, owner, generation)
         if owner is None:
             raise UnknownTokenError("unknown or expired access token")
-        return Requester(*owner)
+        return Requester(owner[0], owner[1], is_guest_token(access_token))
 
     async def logout(self, requester: Requester) -> None:
         await self.end_sessions(requester.user_id, requester.device_id)
@@ -358,29 +482,32 @@ class Accounts:
     async def logout_all(self, requester: Requester) -> None:
         await self.end_sessions(requester.user_id, None)
 
-    async def end_sessions(self, user_id: str, device_id: str | None) -> None:
-        """Delete one device of ``user_id`` (None: all of them) with its tokens, end the
-        tokens in every process's token cache (see the constructor), and tell
-        :attr:`devices_deleted_listeners` where the deletion happens."""
-        forwarded = self.token_cache is not None and self._caches_writer is None
-        if forwarded or device_id is not None:
-            devices = [] if forwarded or device_id is None else [device_id]
-        else:
-            devices = [d for d, _ in await self.store.get_devices(user_id)]
-        await self._end_sessions(user_id, device_id)
+    async def end_sessions(
+        self, user_id: str, device_id: str | None, keep: Keep | None = None
+    ) -> None:
+        """Delete one device of ``user_id`` (None: all of them, or all but ``keep``'s
+        device and token) with its tokens, end the tokens in every process's token cache
+        (see the constructor), and tell :attr:`devices_deleted_listeners` where the
+        deletion happens."""
+        if keep is not None and device_id is not None:
+            raise ValueError("keep applies to ending all of a user's sessions")
+        devices = await self._end_sessions(user_id, device_id, keep)
         for listener in self.devices_deleted_listeners:
             if devices:
                 await listener(user_id, devices)
 
-    async def _end_sessions(self, user_id: str, device_id: str | None) -> None:
+    async def _end_sessions(
+        self, user_id: str, device_id: str | None, keep: Keep | None
+    ) -> list[str]:
+        """The devices deleted here ([] when forwarded: the writer tells its listeners)."""
         cache = self.token_cache
         if cache is None:
-            await self._delete_sessions(user_id, device_id, None)
-            return
+            return await self._delete_sessions(user_id, device_id, keep, None)
         writer = self._caches_writer
         if writer is None:
             assert self._forward_end_sessions is not None
-            await self._forward_end_sessions(user_id, device_id)
+            await self._forward_end_sessions(user_id, device_id, keep)
+            devices = []
         else:
             instance = writer.instance_name
             async with writer.reserve() as stream_id:
@@ -388,17 +515,63 @@ class Accounts:
                 def invalidation(txn: Transaction) -> None:
                     stream_invalidation_txn(txn, stream_id, instance, TOKEN_CACHE, [user_id])
 
-                await self._delete_sessions(user_id, device_id, invalidation)
+                devices = await self._delete_sessions(user_id, device_id, keep, invalidation)
         # This process's cache at once (other processes: when the row reaches them).
         cache.invalidate_user(user_id)
+        return devices
 
     async def _delete_sessions(
-        self, user_id: str, device_id: str | None, also: Callable[[Transaction], None] | None
-    ) -> None:
-        if device_id is None:
-            await self.store.delete_all_devices(user_id, also)
-        else:
+        self,
+        user_id: str,
+        device_id: str | None,
+        keep: Keep | None,
+        also: Callable[[Transaction], None] | None,
+    ) -> list[str]:
+        if device_id is not None:
             await self.store.delete_device(user_id, device_id, also)
+            return [device_id]
+        if keep is not None:
+            return await self.store.delete_other_sessions(
+                user_id, keep.device_id, keep.token_hash, also
+            )
+        devices = [d for d, _ in await self.store.get_devices(user_id)]
+        await self.store.delete_all_devices(user_id, also)
+        return devices
+
+    # -- account management ------------------------------------------------------------
+
+    async def change_password(
+        self,
+        requester: Requester,
+        access_token: str,
+        new_password: str | None,
+        auth: dict[str, Any] | None,
+        *,
+        logout_devices: bool = True,
+    ) -> None:
+        """``POST /account/password``: user-interactive auth with the current password
+        (:meth:`require_password_auth`), then the new one, hashed as at registration;
+        unless ``logout_devices`` is false, every other device is logged out, and every
+        other token of the requester's device, as Synapse does: the requesting token
+        stays."""
+        _check_password(new_password)
+        await self.require_password_auth(requester.user_id, auth)
+        if new_password is None:
+            raise MissingParamError("missing new_password")
+        if not await self.store.set_password_hash(
+            requester.user_id, await hash_password(new_password)
+        ):
+            raise ForbiddenError("no such active user")  # pragma: no cover - its token works
+        if logout_devices:
+            keep = Keep(requester.device_id, token_hash(access_token))
+            await self.end_sessions(requester.user_id, None, keep)
+
+    async def deactivate(self, user_id: str) -> None:
+        """Mark the account deactivated (no password, never logs in again: 403
+        ``M_USER_DEACTIVATED``) and end all its sessions, with their devices' keys and
+        to-device queues. Leaving its rooms is the caller's (roomstream.client)."""
+        await self.store.deactivate_user(user_id)
+        await self.end_sessions(user_id, None)
 
 
 def _auth_session(auth: dict[str, Any] | None) -> str | None:

@@ -1,4 +1,4 @@
-"""SQL for users, devices and access tokens (tables of migration 0006)."""
+"""SQL for users, devices and access tokens (tables of migrations 0006 and 0014)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,39 @@ class UserRecord:
     password_hash: str | None
     admin: bool
     deactivated: bool
+    is_guest: bool = False
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _earlier_registration(
+    t: Transaction, registration_session: str | None, since_ms: int
+) -> str | None:
+    """The user an earlier registration through ``registration_session`` made at or
+    after ``since_ms`` (an older one is forgotten), if any."""
+    if registration_session is None:
+        return None
+    t.execute(
+        "DELETE FROM registration_sessions WHERE session_id = ? AND created_ts < ?",
+        (registration_session, since_ms),
+    )
+    row = t.query_one(
+        "SELECT user_id FROM registration_sessions WHERE session_id = ?",
+        (registration_session,),
+    )
+    return None if row is None else str(row[0])
+
+
+def _remember_registration(
+    t: Transaction, registration_session: str | None, user_id: str, now: int
+) -> None:
+    if registration_session is not None:
+        t.execute(
+            "INSERT INTO registration_sessions (session_id, user_id, created_ts) VALUES (?, ?, ?)",
+            (registration_session, user_id, now),
+        )
 
 
 class AccountStore:
@@ -41,6 +70,7 @@ class AccountStore:
         *,
         registration_session: str | None = None,
         session_since_ms: int = 0,
+        is_guest: bool = False,
     ) -> str:
         """Create ``user_id``; returns the user that ``registration_session`` (a
         user-interactive-auth session) registered: this one, or the one an earlier
@@ -48,34 +78,75 @@ class AccountStore:
         (then nothing is created; an older one is forgotten)."""
 
         def txn(t: Transaction) -> str:
-            if registration_session is not None:
-                t.execute(
-                    "DELETE FROM registration_sessions WHERE session_id = ? AND created_ts < ?",
-                    (registration_session, session_since_ms),
-                )
-                row = t.query_one(
-                    "SELECT user_id FROM registration_sessions WHERE session_id = ?",
-                    (registration_session,),
-                )
-                if row is not None:
-                    return str(row[0])
+            earlier = _earlier_registration(t, registration_session, session_since_ms)
+            if earlier is not None:
+                return earlier
             if t.query_one("SELECT 1 FROM users WHERE user_id = ?", (user_id,)) is not None:
                 raise UserExistsError(user_id)
             now = _now_ms()
             t.execute(
-                "INSERT INTO users (user_id, password_hash, admin, deactivated, creation_ts)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (user_id, password_hash, admin, False, now),
+                "INSERT INTO users"
+                " (user_id, password_hash, admin, deactivated, creation_ts, is_guest)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (user_id, password_hash, admin, False, now, is_guest),
             )
-            if registration_session is not None:
-                t.execute(
-                    "INSERT INTO registration_sessions (session_id, user_id, created_ts)"
-                    " VALUES (?, ?, ?)",
-                    (registration_session, user_id, now),
-                )
+            _remember_registration(t, registration_session, user_id, now)
             return user_id
 
         return await self.db.run_interaction("create_user", txn)
+
+    async def upgrade_guest(
+        self,
+        user_id: str,
+        password_hash: str | None,
+        *,
+        registration_session: str | None = None,
+        session_since_ms: int = 0,
+    ) -> str | None:
+        """Make the active guest ``user_id`` a full account with ``password_hash``; the
+        user that ``registration_session`` registered (as :meth:`create_user`: this one,
+        or an earlier registration's), or None if ``user_id`` is no longer an active
+        guest (upgraded meanwhile, or deactivated): then nothing changed."""
+
+        def txn(t: Transaction) -> str | None:
+            earlier = _earlier_registration(t, registration_session, session_since_ms)
+            if earlier is not None:
+                return earlier
+            now = _now_ms()
+            t.execute(
+                "UPDATE users SET password_hash = ?, is_guest = ?, upgrade_ts = ?"
+                " WHERE user_id = ? AND is_guest = ? AND deactivated = ?",
+                (password_hash, False, now, user_id, True, False),
+            )
+            if t.rowcount == 0:
+                return None
+            _remember_registration(t, registration_session, user_id, now)
+            return user_id
+
+        return await self.db.run_interaction("upgrade_guest", txn)
+
+    async def set_password_hash(self, user_id: str, password_hash: str) -> bool:
+        """Replace an active user's password hash; False if there is no such user."""
+
+        def txn(t: Transaction) -> bool:
+            t.execute(
+                "UPDATE users SET password_hash = ? WHERE user_id = ? AND deactivated = ?",
+                (password_hash, user_id, False),
+            )
+            return t.rowcount > 0
+
+        return await self.db.run_interaction("set_password_hash", txn)
+
+    async def deactivate_user(self, user_id: str) -> None:
+        """Mark the user deactivated and forget its password (as Synapse): its tokens
+        stop authenticating (:meth:`get_token_owner`) and it can never log in again."""
+        await self.db.run_interaction(
+            "deactivate_user",
+            lambda t: t.execute(
+                "UPDATE users SET deactivated = ?, password_hash = NULL WHERE user_id = ?",
+                (True, user_id),
+            ),
+        )
 
     async def registered_by_session(self, session_id: str, since_ms: int) -> str | None:
         """The user a registration through ``session_id`` created at or after
@@ -94,13 +165,14 @@ class AccountStore:
         row = await self.db.run_interaction(
             "get_user",
             lambda t: t.query_one(
-                "SELECT user_id, password_hash, admin, deactivated FROM users WHERE user_id = ?",
+                "SELECT user_id, password_hash, admin, deactivated, is_guest FROM users"
+                " WHERE user_id = ?",
                 (user_id,),
             ),
         )
         if row is None:
             return None
-        return UserRecord(row[0], row[1], bool(row[2]), bool(row[3]))
+        return UserRecord(row[0], row[1], bool(row[2]), bool(row[3]), bool(row[4]))
 
     async def login_device(
         self, user_id: str, device_id: str, display_name: str | None, token_hash: str
@@ -173,6 +245,43 @@ class AccountStore:
             t.execute("DELETE FROM devices WHERE user_id = ?", (user_id,))
 
         await self.db.run_interaction("delete_all_devices", txn)
+
+    async def delete_other_sessions(
+        self,
+        user_id: str,
+        keep_device: str,
+        keep_token_hash: str | None,
+        also: Callable[[Transaction], None] | None = None,
+    ) -> list[str]:
+        """Log out every device of the user but ``keep_device``, and every token of
+        ``keep_device`` but ``keep_token_hash`` (as Synapse does on a password change);
+        the device IDs deleted."""
+
+        def txn(t: Transaction) -> list[str]:
+            if also is not None:
+                also(t)
+            gone = [
+                str(r[0])
+                for r in t.query(
+                    "SELECT device_id FROM devices WHERE user_id = ? AND device_id <> ?"
+                    " ORDER BY device_id",
+                    (user_id, keep_device),
+                )
+            ]
+            t.execute(
+                "DELETE FROM access_tokens WHERE user_id = ? AND device_id <> ?",
+                (user_id, keep_device),
+            )
+            t.execute(
+                "DELETE FROM access_tokens WHERE user_id = ? AND device_id = ? AND token_hash <> ?",
+                (user_id, keep_device, keep_token_hash or ""),
+            )
+            t.execute(
+                "DELETE FROM devices WHERE user_id = ? AND device_id <> ?", (user_id, keep_device)
+            )
+            return gone
+
+        return await self.db.run_interaction("delete_other_sessions", txn)
 
     async def get_devices(self, user_id: str) -> list[tuple[str, str | None]]:
         rows = await self.db.run_interaction(

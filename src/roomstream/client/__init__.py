@@ -19,8 +19,10 @@ from typing import Any
 from roomstream.accounts import Accounts, AccountStore
 from roomstream.accounts.client_ips import ClientIps
 from roomstream.accounts.openid import OpenIdTokens
-from roomstream.accounts.service import EndSessions
+from roomstream.accounts.service import EndSessions, Keep
 from roomstream.accounts.token_cache import TokenCache
+from roomstream.client.account_management import AccountManagement
+from roomstream.client.account_management_routes import account_management_routes
 from roomstream.client.account_routes import account_routes
 from roomstream.client.admin_routes import admin_routes
 from roomstream.client.backup_routes import backup_routes
@@ -89,6 +91,7 @@ class ClientProcess:
             AccountStore(engine.db),
             config.server_name,
             registration_enabled=config.enable_registration,
+            guest_access_enabled=config.allow_guest_access,
             token_cache=self.token_cache,
             caches_writer=caches_writer,
             forward_end_sessions=forward_end_sessions,
@@ -183,6 +186,11 @@ class ClientProcess:
             self.accounts,
             [
                 *account_routes(self.accounts),
+                *account_management_routes(
+                    self.accounts,
+                    AccountManagement(self.accounts, self.rooms),
+                    config.client_base_url(),
+                ),
                 *room_routes(self.accounts, self.rooms),
                 *read_routes(
                     self.accounts,
@@ -289,8 +297,13 @@ def _token_invalidation(
         return None, None  # cannot reach it: logouts could not end tokens elsewhere
     client = http_client
 
-    async def forward(user_id: str, device_id: str | None) -> None:
-        call = ep.EndSessionsCall(user_id, device_id)
+    async def forward(user_id: str, device_id: str | None, keep: Keep | None) -> None:
+        call = ep.EndSessionsCall(
+            user_id,
+            device_id,
+            None if keep is None else keep.device_id,
+            None if keep is None else keep.token_hash,
+        )
         await forwarded_call(writer, client.call(ep.END_SESSIONS, writer, call))
 
     return None, forward

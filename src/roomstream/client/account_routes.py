@@ -52,7 +52,7 @@ def account_routes(accounts: Accounts) -> list[Route]:
                         "default": DEFAULT_ROOM_VERSION.identifier,
                         "available": {v: "stable" for v in KNOWN_ROOM_VERSIONS},
                     },
-                    "m.change_password": {"enabled": False},
+                    "m.change_password": {"enabled": True},
                     "m.set_displayname": {"enabled": False},
                     "m.set_avatar_url": {"enabled": False},
                     "m.3pid_changes": {"enabled": False},
@@ -95,6 +95,7 @@ def account_routes(accounts: Accounts) -> list[Route]:
             display_name=optional(body, "initial_device_display_name", str),
             inhibit_login=optional(body, "inhibit_login", bool, False),
             guest=kind == "guest",
+            guest_access_token=optional(body, "guest_access_token", str),
         )
         return json_response(_login_body(result, server_name))
 
@@ -115,7 +116,11 @@ def account_routes(accounts: Accounts) -> list[Route]:
     async def whoami(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         return json_response(
-            {"user_id": requester.user_id, "device_id": requester.device_id, "is_guest": False}
+            {
+                "user_id": requester.user_id,
+                "device_id": requester.device_id,
+                "is_guest": requester.is_guest,
+            }
         )
 
     return [

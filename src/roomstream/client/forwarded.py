@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from roomstream.accounts import Accounts, Requester
+from roomstream.accounts import Accounts, Keep, Requester
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.typing import TypingWriter
 from roomstream.client.userdata import UserData
@@ -66,7 +66,8 @@ class ForwardedWrites:
         )
 
     async def end_sessions(self, call: ep.EndSessionsCall) -> None:
-        await self.accounts.end_sessions(call.user_id, call.device_id)
+        keep = None if call.keep_device is None else Keep(call.keep_device, call.keep_token)
+        await self.accounts.end_sessions(call.user_id, call.device_id, keep)
 
     async def put_account_data(self, call: ep.AccountDataCall) -> None:
         await self.data.put_account_data(call.user_id, call.room_id, call.type, call.content)

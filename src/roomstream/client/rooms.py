@@ -335,7 +335,11 @@ class RoomService:
         event's content (``reason``, ``displayname``, custom keys: as Synapse), except
         ``membership`` (always ``join``) and ``join_authorised_via_users_server`` (the
         server's to set: a client naming an authorising user would bypass a restricted
-        join rule, the event being signed by this server)."""
+        join rule, the event being signed by this server).
+
+        A guest may join only a room whose ``m.room.guest_access`` is ``can_join`` (403
+        ``M_FORBIDDEN`` otherwise, as Synapse: guests are a local notion, so this is the
+        server's check, not an auth rule), and its join event says ``"kind": "guest"``."""
         room_id = await self.resolve_room(room_id_or_alias)
         if await self.events.get_room_version(room_id) is None:
             raise NotFoundError(f"unknown room {room_id}")
@@ -343,6 +347,11 @@ class RoomService:
             return room_id
         event_content = {k: v for k, v in (content or {}).items() if k not in _SERVER_JOIN_KEYS}
         event_content["membership"] = "join"
+        if requester.is_guest:
+            guest_access = await self.current_state_content(room_id, EventTypes.GUEST_ACCESS, "")
+            if guest_access is None or guest_access[1].get("guest_access") != "can_join":
+                raise ForbiddenError("guest access not allowed")
+            event_content["kind"] = "guest"
         await self.writer.send(
             room_id,
             requester.user_id,

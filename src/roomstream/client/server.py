@@ -2,12 +2,16 @@
 
 :class:`ClientApi` adds its routes and one middleware to an application (in roomstream, the
 instance's HTTP listener, beside the internal API). The middleware adds CORS to every
-response under ``/_matrix`` and answers ``OPTIONS`` (preflights) on every path; failures
+response under ``/_matrix`` and ``/.well-known`` (errors and 404s included: a browser
+reads none of them without it) and answers ``OPTIONS`` (preflights) there; failures
 become Matrix errors in the one error middleware of roomstream's HTTP servers
 (:func:`roomstream.replication.http.matrix_error_middleware`): a ``MatrixError`` becomes
 its status and ``errcode``; unknown paths are 404 and known paths with another method
 405, both ``M_UNRECOGNIZED``; anything unexpected is logged and answered 500
 ``M_UNKNOWN`` (never an HTML page).
+
+Guests: :func:`authenticate` refuses a guest's token (403 ``M_GUEST_ACCESS_FORBIDDEN``)
+on every route but those :data:`~roomstream.client.guests.GUEST_ROUTES` lists.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from aiohttp import web
 
 from roomstream.accounts import Accounts, Requester
 from roomstream.accounts.client_ips import ClientIps
+from roomstream.client.guests import GUEST_ROUTES
 from roomstream.client.request import access_token, json_response
+from roomstream.errors import GuestAccessForbiddenError
 from roomstream.httpbase import exact_json_content_type, matrix_error_middleware
 
 __all__ = ["MATRIX_PREFIX", "REQUESTER_KEY", "ClientApi", "Handler", "Route"]
@@ -28,6 +34,7 @@ __all__ = ["MATRIX_PREFIX", "REQUESTER_KEY", "ClientApi", "Handler", "Route"]
 logger = logging.getLogger(__name__)
 
 MATRIX_PREFIX = "/_matrix"
+WELL_KNOWN_PREFIX = "/.well-known/"
 CLIENT_PREFIX = "/_matrix/client"
 #: Path versions served for every endpoint (clients mix r0, v3 and v1 paths).
 VERSION_PATTERN = "{api_version:(?:r0|v3|v1|unstable)}"
@@ -42,6 +49,8 @@ CORS_HEADERS = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Where :func:`authenticate` leaves the request's :class:`Requester` (for the client IPs).
 REQUESTER_KEY = web.RequestKey("roomstream.requester", Requester)
+#: Set on requests to a route guests may use (:data:`GUEST_ROUTES`).
+GUESTS_ALLOWED_KEY = web.RequestKey("roomstream.guests_allowed", bool)
 
 
 @dataclass(frozen=True)
@@ -73,12 +82,27 @@ class ClientApi:
             path = (
                 route.path if route.absolute else f"{CLIENT_PREFIX}/{VERSION_PATTERN}{route.path}"
             )
-            app.router.add_route(route.method, path, route.handler)
+            handler = route.handler
+            if (route.method, route.path) in GUEST_ROUTES:
+                handler = _open_to_guests(handler)
+            app.router.add_route(route.method, path, handler)
+
+
+def _open_to_guests(handler: Handler) -> Handler:
+    async def open_to_guests(request: web.Request) -> web.StreamResponse:
+        request[GUESTS_ALLOWED_KEY] = True
+        return await handler(request)
+
+    return open_to_guests
 
 
 async def authenticate(accounts: Accounts, request: web.Request) -> Requester:
+    """The request's :class:`Requester`; a guest's only on the routes guests may use
+    (403 ``M_GUEST_ACCESS_FORBIDDEN`` elsewhere, as Synapse)."""
     requester = await accounts.authenticate(access_token(request))
     request[REQUESTER_KEY] = requester
+    if requester.is_guest and not request.get(GUESTS_ALLOWED_KEY, False):
+        raise GuestAccessForbiddenError("guest access not allowed")
     return requester
 
 
@@ -106,10 +130,11 @@ def _client_ip_recorder(client_ips: ClientIps) -> Callable[..., Awaitable[web.St
 
 @web.middleware
 async def matrix_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """CORS for everything under ``/_matrix`` (preflights answered here), errors mapped by
-    the one error middleware (:func:`roomstream.replication.http.matrix_error_middleware`)
-    so that error answers carry the CORS headers too."""
-    if not request.path.startswith(MATRIX_PREFIX):
+    """CORS for everything under ``/_matrix`` and ``/.well-known`` (preflights answered
+    here), errors mapped by the one error middleware
+    (:func:`roomstream.replication.http.matrix_error_middleware`) so that error answers,
+    404s included, carry the CORS headers too."""
+    if not request.path.startswith((MATRIX_PREFIX, WELL_KNOWN_PREFIX)):
         return await handler(request)
     if request.method == "OPTIONS":
         response: web.StreamResponse = json_response({})

@@ -432,10 +432,14 @@ class SendCall:
 
 @dataclass(frozen=True)
 class EndSessionsCall:
-    """Log a device out (all of the user's without ``device_id``)."""
+    """Log a device out (all of the user's without ``device_id``; with ``keep_device``,
+    all but that device and, of its tokens, the one hashed ``keep_token``: a password
+    change)."""
 
     user_id: UserId
     device_id: str | None = None
+    keep_device: Annotated[str | None, OMIT_NONE] = None
+    keep_token: Annotated[str | None, OMIT_NONE] = None
 
 
 @dataclass(frozen=True)
