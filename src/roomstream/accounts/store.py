@@ -1,4 +1,5 @@
-"""SQL for users, devices and access tokens (tables of migration 0006)."""
+"""SQL for users, devices and access tokens (tables of migration 0006); a new user's
+profile is created with the user (:func:`~roomstream.accounts.profiles.create_profile_txn`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from roomstream.accounts.profiles import create_profile_txn
 from roomstream.storage import Database, Transaction
 
 __all__ = ["AccountStore", "UserExistsError", "UserRecord"]
@@ -45,7 +47,9 @@ class AccountStore:
         """Create ``user_id``; returns the user that ``registration_session`` (a
         user-interactive-auth session) registered: this one, or the one an earlier
         registration through the same session made at or after ``session_since_ms``
-        (then nothing is created; an older one is forgotten)."""
+        (then nothing is created; an older one is forgotten). The user's profile is
+        created in the same transaction, with the localpart as display name (Synapse's
+        default)."""
 
         def txn(t: Transaction) -> str:
             if registration_session is not None:
@@ -67,6 +71,7 @@ class AccountStore:
                 " VALUES (?, ?, ?, ?, ?)",
                 (user_id, password_hash, admin, False, now),
             )
+            create_profile_txn(t, user_id, user_id[1:].partition(":")[0])
             if registration_session is not None:
                 t.execute(
                     "INSERT INTO registration_sessions (session_id, user_id, created_ts)"
