@@ -8,8 +8,8 @@ The rules, Synapse's (``synapse.handlers.profile``) where the spec leaves a choi
   ``404`` also when neither field is set, as Synapse answers;
 - only the user changes their profile (``403 M_FORBIDDEN`` for anyone else; Synapse
   answers ``400 M_FORBIDDEN``); a display name is stripped of surrounding white space;
-  values longer than 256 (display name) or 1,000 (avatar URL) characters are
-  ``400 M_INVALID_PARAM``; ``""`` unsets a field;
+  values longer than 256 (display name) or 1,000 (avatar URL) characters, or holding
+  U+0000, are ``400 M_INVALID_PARAM``; ``""`` unsets a field;
 - a change is stored first, and the request answers then; the new membership events
   follow in the background (:class:`ProfileFanOut`).
 """
@@ -80,6 +80,8 @@ class ProfileService:
             raise InvalidParamError(f"not a profile field: {field[:100]!r}")
         if len(value) > _LIMITS[field]:
             raise InvalidParamError(f"{field} is too long (at most {_LIMITS[field]} characters)")
+        if "\x00" in value:  # PostgreSQL text cannot hold it: refused on both engines
+            raise InvalidParamError(f"{field} must not contain U+0000")
         if field == "displayname":
             value = value.strip()
         if not await self.store.set_field(user_id, field, value or None):
