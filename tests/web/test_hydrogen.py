@@ -5,7 +5,8 @@ screen (homeserver, username, password), one creates a room and invites the othe
 ``/invite``, the other accepts, both chat live and read each other's messages in the page;
 then one is away while 24 messages arrive (their next sync is limited, leaving a gap), comes
 back and scrolls back through the gap (``/messages``) to the first message, and the other
-reloads and scrolls back through its stored history.
+reloads and scrolls back through its stored history. Both set a display name through the
+API before logging in: the timeline shows each sender by that name, never by user ID.
 
 Once without end-to-end encryption (olm left out of the page), once with it as Hydrogen
 ships (olm loaded: device and one-time keys uploaded at login, the room created encrypted,
@@ -24,6 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -42,6 +44,8 @@ HISTORY = [f"history {i:02d}" for i in range(24)]
 # (its command handler leaves the message in place): "/invite", then the chat.
 CHAT = ["hello bob", "hello alice"]
 MESSAGE_COUNT = 1 + len(CHAT) + len(HISTORY)
+#: Display names set through the profile API before logging in.
+DISPLAY_NAMES = {"alice": "Alice Liddell", "bob": "Bob Builder"}
 # Hydrogen's own waits (first sync, key uploads, decryption) on a loaded two-core machine.
 STEP_TIMEOUT_MS = 30_000
 expect.set_options(timeout=STEP_TIMEOUT_MS)
@@ -193,6 +197,11 @@ async def send(user: WebUser, text: str) -> None:
         await expect(message(user.page, text)).to_be_visible()
 
 
+def senders(page: Page) -> Locator:
+    """The sender names the timeline shows (one per group of a sender's messages)."""
+    return page.locator(".Timeline_message .Timeline_messageSender")
+
+
 def message(page: Page, text: str) -> Locator:
     """A message tile's body showing exactly ``text`` (the body also holds its time)."""
     exactly = re.compile("^" + re.escape(text) + r"\s*(\d{1,2}:\d{2}\s*[AP]M)?$")
@@ -244,6 +253,9 @@ async def chat_scenario(rig: WebRig, *, encryption: bool) -> None:
     rig.encryption = encryption
     alice = await rig.user("alice")
     bob = await rig.user("bob")
+    for user in (alice, bob):
+        path = f"/profile/{quote(user.user_id, safe='')}/displayname"
+        await rig.api(user, path, "PUT", {"displayname": DISPLAY_NAMES[user.name]})
     await log_in(alice, rig.server.url)
     await log_in(bob, rig.server.url)
 
@@ -263,6 +275,12 @@ async def chat_scenario(rig: WebRig, *, encryption: bool) -> None:
     await expect(message(bob.page, CHAT[0])).to_be_visible()
     await send(bob, CHAT[1])
     await expect(message(alice.page, CHAT[1])).to_be_visible()
+    # Each sees the other by display name (their membership events carry the profile).
+    await expect(senders(bob.page).filter(has_text=DISPLAY_NAMES["alice"]).first).to_be_visible()
+    await expect(senders(alice.page).filter(has_text=DISPLAY_NAMES["bob"]).first).to_be_visible()
+    for user in (alice, bob):
+        shown = await senders(user.page).all_text_contents()
+        assert shown and not [name for name in shown if "@" in name], shown
 
     # Bob is away while 24 messages arrive: more than a sync's timeline limit, so his next
     # sync is limited and the history before it comes from /messages when he scrolls back.

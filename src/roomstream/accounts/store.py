@@ -1,4 +1,6 @@
-"""SQL for users, devices and access tokens (tables of migrations 0006 and 0014)."""
+"""SQL for users, devices and access tokens (tables of migrations 0006 and 0014); a new
+user's profile is created with the user
+(:func:`~roomstream.accounts.profiles.create_profile_txn`)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from roomstream.accounts.profiles import create_profile_txn
 from roomstream.storage import Database, Transaction
 
 __all__ = ["AccountStore", "UserExistsError", "UserRecord"]
@@ -75,7 +78,9 @@ class AccountStore:
         """Create ``user_id``; returns the user that ``registration_session`` (a
         user-interactive-auth session) registered: this one, or the one an earlier
         registration through the same session made at or after ``session_since_ms``
-        (then nothing is created; an older one is forgotten)."""
+        (then nothing is created; an older one is forgotten). The user's profile is
+        created in the same transaction, with the localpart as display name (Synapse's
+        default)."""
 
         def txn(t: Transaction) -> str:
             earlier = _earlier_registration(t, registration_session, session_since_ms)
@@ -90,6 +95,7 @@ class AccountStore:
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 (user_id, password_hash, admin, False, now, is_guest),
             )
+            create_profile_txn(t, user_id, user_id[1:].partition(":")[0])
             _remember_registration(t, registration_session, user_id, now)
             return user_id
 

@@ -8,7 +8,9 @@ devices and tokens, :mod:`~roomstream.client.rooms` for room actions (written th
 :mod:`~roomstream.client.userdata` and :mod:`~roomstream.client.typing` for per-user and
 ephemeral data (written on their stream's writer through :mod:`~roomstream.client.writes`;
 :mod:`~roomstream.client.forwarded` carries out what other processes forward here),
-:mod:`~roomstream.client.notifier` to wake long polls.
+:mod:`~roomstream.client.notifier` to wake long polls, :mod:`~roomstream.client.profiles`
+for profiles (new membership events read them through the event creator's
+``member_profile``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from roomstream.accounts import Accounts, AccountStore
 from roomstream.accounts.client_ips import ClientIps
 from roomstream.accounts.openid import OpenIdTokens
+from roomstream.accounts.profiles import ProfileStore
 from roomstream.accounts.service import EndSessions, Keep
 from roomstream.accounts.token_cache import TokenCache
 from roomstream.client.account_management import AccountManagement
@@ -36,6 +39,8 @@ from roomstream.client.legacy import LegacyReads
 from roomstream.client.legacy_routes import legacy_routes
 from roomstream.client.notifier import Notifier
 from roomstream.client.openid_routes import openid_routes
+from roomstream.client.profile_routes import profile_routes
+from roomstream.client.profiles import ProfileFanOut, ProfileService
 from roomstream.client.read_routes import read_routes
 from roomstream.client.room_routes import room_routes
 from roomstream.client.rooms import RoomService
@@ -100,12 +105,17 @@ class ClientProcess:
         self.reader = RoomReader.for_engine(
             engine, format_cache_size=config.caches.formatted_events
         )
+        room_writer = RoomWriter(config, engine.creator, http_client)
         self.rooms = RoomService(
+            config.server_name, room_writer, engine.store, self.store, self.reader
+        )
+        profile_store = ProfileStore(engine.db)
+        # Joins, invites and knocks created on this process carry the target's profile.
+        engine.creator.member_profile = profile_store.member_content
+        self.profiles = ProfileService(
             config.server_name,
-            RoomWriter(config, engine.creator, http_client),
-            engine.store,
-            self.store,
-            self.reader,
+            profile_store,
+            ProfileFanOut(engine.store, room_writer, profile_store),
         )
         reader = self.reader
 
@@ -219,6 +229,7 @@ class ClientProcess:
                     ),
                 ),
                 *directory_routes(self.accounts, DirectoryReader(engine.db), config.server_name),
+                *profile_routes(self.accounts, self.profiles),
                 *userdata_routes(
                     self.accounts,
                     self.rooms,
@@ -258,6 +269,7 @@ class ClientProcess:
     def close(self) -> None:
         self.client_ips.close()
         self.notifier.close()
+        self.profiles.fanout.close()
         if self.typing is not None:
             self.typing.close()
 

@@ -53,8 +53,8 @@ def account_routes(accounts: Accounts) -> list[Route]:
                         "available": {v: "stable" for v in KNOWN_ROOM_VERSIONS},
                     },
                     "m.change_password": {"enabled": True},
-                    "m.set_displayname": {"enabled": False},
-                    "m.set_avatar_url": {"enabled": False},
+                    "m.set_displayname": {"enabled": True},
+                    "m.set_avatar_url": {"enabled": True},
                     "m.3pid_changes": {"enabled": False},
                 }
             }

@@ -8,7 +8,7 @@ the DAG. Different rooms are created and persisted in parallel.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -38,6 +38,13 @@ MAX_PREV_EVENTS = 20
 MAX_DEPTH = 2**53 - 1
 
 
+#: Memberships whose new events carry the target's profile (as Synapse's event creation).
+PROFILE_MEMBERSHIPS = frozenset({"join", "invite", "knock"})
+#: A user's profile as membership content keys (``displayname``, ``avatar_url``: the set
+#: ones); ``{}`` for a user with none.
+MemberProfile = Callable[[str], Awaitable[Mapping[str, Any]]]
+
+
 class RoomPreset(Enum):
     PRIVATE_CHAT = "private_chat"
     PUBLIC_CHAT = "public_chat"
@@ -58,6 +65,9 @@ class LocalEventCreator:
         self.persister = persister
         self.server_name = server_name
         self.signing_key = signing_key
+        #: Where new membership events find their target's profile (the accounts' profile
+        #: store, set by the Client-Server API when it is assembled); None: no profiles.
+        self.member_profile: MemberProfile | None = None
 
     async def create_event(
         self,
@@ -75,9 +85,15 @@ class LocalEventCreator:
         ``UnknownRoomError`` (404) for a room not known here, 400 for an ``m.room.create``.
 
         ``transaction``: the client's (user, device, transaction ID), stored with the
-        event in its one write transaction."""
+        event in its one write transaction.
+
+        A join, invite or knock carries its target's profile (``displayname``,
+        ``avatar_url``) where ``content`` does not give the key, as Synapse's event
+        creation does: read once, before the room's lock is taken, from
+        :attr:`member_profile`."""
         if not sender.endswith(":" + self.server_name):
             raise InvalidParamError(f"{sender} is not a local user")
+        content = await self._with_profile(event_type, state_key, content)
         persister = self.persister
         async with persister.room_lock(room_id):
             version, extremities, current = await persister.get_room_state(room_id)
@@ -125,6 +141,24 @@ class LocalEventCreator:
         # The next event of the room can be built while this one commits.
         results = await committed
         return CreatedEvent(event, _only(results, event).stream_ordering)
+
+    async def _with_profile(
+        self, event_type: str, state_key: str | None, content: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """``content``, with the target's profile fields it does not name when it is a
+        membership that carries them (a client's own ``displayname``, even ``null``,
+        is kept)."""
+        if (
+            self.member_profile is None
+            or event_type != EventTypes.MEMBER
+            or state_key is None
+            or not state_key.endswith(":" + self.server_name)
+            or content.get("membership") not in PROFILE_MEMBERSHIPS
+        ):
+            return content
+        profile = await self.member_profile(state_key)
+        missing = {k: v for k, v in profile.items() if k not in content}
+        return {**content, **missing} if missing else content
 
     async def _check_redaction(
         self, redaction: Event, auth_events: Mapping[StateKey, Event]

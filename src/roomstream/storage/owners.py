@@ -56,6 +56,7 @@ TABLE_OWNERS: Mapping[str, str] = {
     "registration_sessions": "roomstream.accounts.store",
     "devices": "roomstream.accounts.store",
     "access_tokens": "roomstream.accounts.store",
+    "profiles": "roomstream.accounts.profiles",
     "openid_tokens": "roomstream.accounts.openid",
     "user_ips": "roomstream.accounts.client_ips",
     # The Client-Server API's own data.
