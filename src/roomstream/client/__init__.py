@@ -8,7 +8,8 @@ devices and tokens, :mod:`~roomstream.client.rooms` for room actions (written th
 :mod:`~roomstream.client.userdata` and :mod:`~roomstream.client.typing` for per-user and
 ephemeral data (written on their stream's writer through :mod:`~roomstream.client.writes`;
 :mod:`~roomstream.client.forwarded` carries out what other processes forward here),
-:mod:`~roomstream.client.notifier` to wake long polls.
+:mod:`~roomstream.client.notifier` to wake long polls, :mod:`roomstream.media` for the
+media repository.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from roomstream.client.ignored import IGNORED_USER_LIST, IgnoredUsers
 from roomstream.client.keys_routes import keys_routes
 from roomstream.client.legacy import LegacyReads
 from roomstream.client.legacy_routes import legacy_routes
+from roomstream.client.media_routes import media_routes
 from roomstream.client.notifier import Notifier
 from roomstream.client.openid_routes import openid_routes
 from roomstream.client.read_routes import read_routes
@@ -49,6 +51,7 @@ from roomstream.config import Config
 from roomstream.e2e import E2eKeys
 from roomstream.e2e.backup import KeyBackup
 from roomstream.e2e.service import Forward
+from roomstream.media import MediaRepository, open_media
 from roomstream.reading import RoomReader
 from roomstream.replication import endpoints
 from roomstream.replication import endpoints as ep
@@ -178,6 +181,8 @@ class ClientProcess:
         self.forwarded = ForwardedWrites(
             self.accounts, self.rooms, self.userdata, self.typing, self.keys
         )
+        #: The media repository (uploads, downloads, thumbnails).
+        self.media: MediaRepository = open_media(config, engine.db)
         legacy = LegacyReads(self.reader, engine.store, self.store, self.userdata, self.notifier)
         self.api = ClientApi(
             self.accounts,
@@ -225,6 +230,7 @@ class ClientProcess:
                 *keys_routes(self.accounts, self.keys),
                 *device_routes(self.accounts, self.keys, self.client_ips),
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
+                *media_routes(self.accounts, self.media),
             ],
             self.client_ips,
         )
