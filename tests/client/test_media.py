@@ -320,7 +320,8 @@ async def test_thumbnails_sizes_and_cache(hs: Homeserver) -> None:
     alice = await hs.register("alice")
     uri = await upload_ok(hs, alice, image_bytes((1000, 500), "PNG"), "image/png")
     media_id = uri.rsplit("/", 1)[1]
-    # Made at upload: 32x32 and 96x96 crop, 320x160, 640x320 and 800x400 scale.
+    # Made after the upload: 32x32 and 96x96 crop, 320x160, 640x320 and 800x400 scale.
+    await hs.process.media.idle()
     assert await thumbnail_rows(hs, media_id) == 5
     expected = {
         "width=32&height=32&method=crop": (32, 32),
@@ -510,6 +511,7 @@ async def test_decompression_bombs_are_not_thumbnailed(
         alice = await hs.register("alice")
         for data in (png_bomb(30_000, 30_000), image_bytes((600, 600), "PNG")):
             uri = await upload_ok(hs, alice, data, "image/png")
+            await hs.process.media.idle()
             assert await thumbnail_rows(hs, uri.rsplit("/", 1)[1]) == 0
             status, body, _ = await thumbnail(hs, alice, uri, "width=32&height=32&method=crop")
             assert (status, error(body)[0]) == (413, "M_TOO_LARGE")

@@ -254,6 +254,7 @@ class ClientProcess:
         self.notifier.on_replicated_position(stream_name, writer, position)
 
     def close(self) -> None:
+        self.media.close()
         self.client_ips.close()
         self.notifier.close()
         if self.typing is not None:
