@@ -28,7 +28,11 @@ measuring. Every server gets the same requests from the same plain aiohttp clien
 - ``keys_claim``: ``POST /keys/claim`` of one ``signed_curve25519`` key from each of D
   devices in one request (ms, median);
 - ``to_device_wake``: user B long-polls ``/sync``; the time from the start of A's
-  ``PUT /sendToDevice`` to B's response carrying that message (ms, p50 and p99).
+  ``PUT /sendToDevice`` to B's response carrying that message (ms, p50 and p99);
+- ``media``: upload (``POST /_matrix/media/v3/upload``, thumbnails made by the server
+  included) then authenticated download of distinct 1 MB PNGs, one at a time (MB/s:
+  upload, download, and the round trip of both), then a 96x96 ``crop`` thumbnail of
+  each, made at upload by both servers (ms, median).
 
 Set-up (users, rooms, the messages and members the read scenarios need) is not measured
 and runs as concurrently as each server takes it. Each scenario checks the answers it
@@ -46,7 +50,9 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import io
 import os
+import random
 import shutil
 import signal
 import socket
@@ -89,6 +95,7 @@ SIZES: dict[str, dict[str, int]] = {
         "claim_devices": 100,
         "claim_repeats": 50,
         "td_wake": 100,
+        "media_repeats": 20,
     },
     "quick": {
         "seq": 100,
@@ -106,6 +113,7 @@ SIZES: dict[str, dict[str, int]] = {
         "claim_devices": 20,
         "claim_repeats": 10,
         "td_wake": 20,
+        "media_repeats": 5,
     },
 }
 SENDERS = 16
@@ -132,6 +140,10 @@ HEADLINES: dict[str, tuple[str, bool]] = {
     "keys_claim": ("keys_claim_ms_p50", False),
     "to_device_wake_p50": ("to_device_wake_ms_p50", False),
     "to_device_wake_p99": ("to_device_wake_ms_p99", False),
+    "media_round_trip": ("media_round_trip_mb_per_s", True),
+    "media_upload": ("media_upload_mb_per_s", True),
+    "media_download": ("media_download_mb_per_s", True),
+    "thumbnail": ("thumbnail_ms_p50", False),
 }
 #: roomstream on SQLite must reach these (issue 11, section 5).
 TARGETS: dict[str, tuple[str, float]] = {
@@ -150,6 +162,9 @@ RATIO_TARGETS: dict[str, float] = {
     "keys_query": 10,
     "keys_claim": 10,
     "to_device_wake_p50": 10,
+    # issue 21, section 7.
+    "media_round_trip": 5,
+    "thumbnail": 5,
 }
 SCENARIOS = (
     "send_seq",
@@ -161,6 +176,7 @@ SCENARIOS = (
     "keys_query",
     "keys_claim",
     "to_device_wake",
+    "media",
 )
 #: The timed parts of the scenarios (what ``--profile`` can sample).
 TIMED_PARTS = (
@@ -175,6 +191,9 @@ TIMED_PARTS = (
     "keys_query",
     "keys_claim",
     "to_device_wake",
+    "media_upload",
+    "media_download",
+    "thumbnail",
 )
 
 
@@ -633,6 +652,79 @@ async def to_device_wake(
     }
 
 
+#: Side of the benchmark's images: 580 x 580 RGB noise is a PNG of about 1 MB (noise does
+#: not compress).
+MEDIA_SIDE = 580
+
+
+def noise_png(seed: int) -> bytes:
+    """A PNG of about 1 MB that no other call returns (no server may deduplicate it)."""
+    from PIL import Image
+
+    raw = random.Random(seed).randbytes(MEDIA_SIDE * MEDIA_SIDE * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", (MEDIA_SIDE, MEDIA_SIDE), raw).save(out, "PNG", compress_level=1)
+    return out.getvalue()
+
+
+async def media(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> dict[str, Any]:
+    """Upload and download of a 1 MB PNG (the upload includes the server making its
+    thumbnails, on both servers), one at a time; then a 96x96 crop thumbnail of each
+    (made at upload by both)."""
+    repeats = sizes["media_repeats"]
+    user = await client.register(f"media{tag}")
+    images = [noise_png(hash((tag, i))) for i in range(repeats + 1)]
+    headers = {"Authorization": f"Bearer {user.token}", "Content-Type": "image/png"}
+    auth = {"Authorization": f"Bearer {user.token}"}
+
+    async def upload(image: bytes) -> str:
+        url = f"{client.base}/_matrix/media/v3/upload?filename=noise.png"
+        async with client.session.post(url, data=image, headers=headers) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise HTTPError("POST", "/upload", resp.status, raw)
+            return str(orjson.loads(raw)["content_uri"]).removeprefix("mxc://")
+
+    async def fetch(path: str) -> bytes:
+        async with client.session.get(f"{client.base}{path}", headers=auth) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise HTTPError("GET", path, resp.status, raw)
+            return raw
+
+    download = "/_matrix/client/v1/media/download/"
+    warm = await upload(images[0])  # warm-up
+    await fetch(download + warm)
+    ups, downs, uris = [], [], []
+    async with hook("media_upload"):
+        for image in images[1:]:
+            started = time.perf_counter()
+            uris.append(await upload(image))
+            ups.append(time.perf_counter() - started)
+    async with hook("media_download"):
+        for uri, image in zip(uris, images[1:], strict=True):
+            started = time.perf_counter()
+            got = await fetch(download + uri)
+            downs.append(time.perf_counter() - started)
+            if got != image:
+                raise RuntimeError(f"media: {uri} downloaded {len(got)} bytes, not the upload")
+    thumbs = []
+    async with hook("thumbnail"):
+        for uri in uris:
+            started = time.perf_counter()
+            await fetch(f"/_matrix/client/v1/media/thumbnail/{uri}?width=96&height=96&method=crop")
+            thumbs.append(ms_since(started))
+    megabytes = statistics.mean(len(i) for i in images) / 1e6
+    return {
+        "media_image_mb": round(megabytes, 3),
+        "media_upload_mb_per_s": megabytes / statistics.median(ups),
+        "media_download_mb_per_s": megabytes / statistics.median(downs),
+        "media_round_trip_mb_per_s": megabytes
+        / statistics.median(u + d for u, d in zip(ups, downs, strict=True)),
+        "thumbnail_ms_p50": statistics.median(thumbs),
+    }
+
+
 RUNNERS: dict[str, Callable[[Client, dict[str, int], str, Hook], Awaitable[dict[str, Any]]]] = {
     "send_seq": send_seq,
     "send_16": send_16,
@@ -643,6 +735,7 @@ RUNNERS: dict[str, Callable[[Client, dict[str, int], str, Hook], Awaitable[dict[
     "keys_query": keys_query,
     "keys_claim": keys_claim,
     "to_device_wake": to_device_wake,
+    "media": media,
 }
 
 
@@ -837,7 +930,7 @@ def synapse_config(config: dict[str, Any], port: int, work: Path, pg_db: str | N
                 "type": "http",
                 "tls": False,
                 "x_forwarded": False,
-                "resources": [{"names": ["client"], "compress": False}],
+                "resources": [{"names": ["client", "media"], "compress": False}],
             }
         ],
         enable_registration=True,

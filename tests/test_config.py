@@ -111,3 +111,49 @@ def test_every_mistake_is_one_line() -> None:
         "stream_writers.events names 'w2', which is not among instances (w1)",
     ]
     assert str(info.value).count("\n") == 3
+
+
+def test_media_section(tmp_path: Path) -> None:
+    config = parse_config({"data_dir": str(tmp_path)})
+    assert config.media_store() == str(tmp_path / "media_store")
+    assert (config.media.max_upload_size, config.media.max_image_pixels) == (50 << 20, 32 << 20)
+    assert config.media.user_quota is None and config.media.enable_authenticated_media
+    config = parse_config(
+        {
+            "media": {
+                "store_path": str(tmp_path / "files"),
+                "max_upload_size": "10M",
+                "max_image_pixels": 1000,
+                "user_quota": "2g",
+                "user_quota_period": 60,
+                "enable_authenticated_media": False,
+            }
+        }
+    )
+    assert config.media_store() == str(tmp_path / "files")
+    assert (config.media.max_upload_size, config.media.max_image_pixels) == (10 << 20, 1000)
+    assert (config.media.user_quota, config.media.user_quota_period) == (2 << 30, 60)
+    assert not config.media.enable_authenticated_media
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            {
+                "media": {
+                    "store_path": str(afile),
+                    "max_upload_size": "lots",
+                    "max_image_pixels": 0,
+                    "user_quota": True,
+                    "backend": "s3",
+                    "colour": "red",
+                }
+            }
+        )
+    assert sorted(info.value.problems) == [
+        "media.backend must be one of 'local'",
+        "media.max_image_pixels must be positive, not 0",
+        "media.max_upload_size must be a number of bytes (e.g. 50M), not 'lots'",
+        f"media.store_path: {afile} exists and is not a directory",
+        "media.user_quota must be an integer, not True",
+        "unknown keys in media: colour",
+    ]

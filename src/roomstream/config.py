@@ -38,6 +38,18 @@ Example (every key optional)::
       idle_timeout: 75             # seconds a connection may wait with no request
       max_connections_per_address: 256   # more from one address are closed at once
                                    # (behind a reverse proxy: its connections count)
+      upload_timeout: 300          # the same for uploads (/_matrix/media/.../upload)
+    media:                         # the media repository (docs/operations.md, "Media")
+      store_path: null             # null: <data_dir>/media_store
+      backend: local               # where files go (only local disk so far)
+      max_upload_size: 50M         # bytes (K, M, G suffixes); larger: 413 M_TOO_LARGE
+      max_image_pixels: 32M        # images above it are not thumbnailed (413)
+      user_quota: null             # bytes one user may upload per user_quota_period
+      user_quota_period: 86400     # seconds (a rolling window)
+      max_pending_uploads: 5       # media IDs created and not yet uploaded, per user
+      unused_expiration_time: 86400  # seconds a created media ID waits for its upload
+      enable_authenticated_media: true  # media uploaded with it on is not served by the
+                                   # legacy unauthenticated /_matrix/media/v3 downloads
     caches:                        # entries each process keeps in memory (its memory
       events: 20000                # levels off once they are full: ~2.5 KB per event,
       formatted_events: 20000      # ~0.5 KB per formatted one)
@@ -106,6 +118,36 @@ class HttpConfig:
     idle_timeout: float = 75.0
     #: Open connections one client address may hold; further ones are closed at once.
     max_connections_per_address: int = 256
+    #: ``body_timeout`` for media uploads (paths under ``/_matrix/media/``): their
+    #: bodies are streamed to disk and may be large.
+    upload_timeout: float = 300.0
+
+
+#: Byte-size suffixes accepted in the media section (powers of 1024, as Synapse).
+_SIZE_SUFFIXES = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+@dataclass(frozen=True)
+class MediaConfig:
+    """The media repository (:mod:`roomstream.media`). Sizes are bytes (the file may
+    write them with a K/M/G suffix); times are seconds."""
+
+    #: Where the files go; None: ``<data_dir>/media_store`` (:meth:`Config.media_store`).
+    store_path: str | None = None
+    #: The blob store: local disk (an object store would be another value here).
+    backend: Literal["local"] = "local"
+    max_upload_size: int = 50 * 1024**2
+    #: Images of more pixels are not thumbnailed (decompression bombs).
+    max_image_pixels: int = 32 * 1024**2
+    #: Bytes one user may upload per ``user_quota_period``; None: no quota.
+    user_quota: int | None = None
+    user_quota_period: float = 86400.0
+    #: Media IDs one user may hold created and not yet uploaded to.
+    max_pending_uploads: int = 5
+    #: How long a created media ID may wait for its upload.
+    unused_expiration_time: float = 86400.0
+    #: Media uploaded while this is on is served only by the authenticated endpoints.
+    enable_authenticated_media: bool = True
 
 
 @dataclass(frozen=True)
@@ -143,6 +185,7 @@ class Config:
     redis: RedisConfig = field(default_factory=RedisConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     caches: CachesConfig = field(default_factory=CachesConfig)
+    media: MediaConfig = field(default_factory=MediaConfig)
     enable_registration: bool = True
     #: The Client-Server API's public base URL (``http(s)://host[:port][/path]/``, always
     #: with a trailing slash); None: this instance's own client listener.
@@ -169,6 +212,10 @@ class Config:
 
     def instance(self, name: str | None = None) -> InstanceConfig:
         return self.instances.get(name or self.instance_name, InstanceConfig())
+
+    def media_store(self) -> str:
+        """The media store's directory: ``media.store_path``, or under ``data_dir``."""
+        return self.media.store_path or os.path.join(self.data_dir, "media_store")
 
     def with_instance(self, instance_name: str) -> Config:
         return replace(self, instance_name=instance_name)
@@ -254,8 +301,47 @@ _POSITIVE = frozenset(
         "max_connections_per_address",
         "events",
         "formatted_events",
+        "upload_timeout",
+        "max_upload_size",
+        "max_image_pixels",
+        "user_quota",
+        "user_quota_period",
+        "unused_expiration_time",
+        "max_pending_uploads",
     }
 )
+
+
+def _media_section(raw: Any, problems: list[str]) -> MediaConfig:
+    """The ``media`` section; sizes may be written ``50M`` (:data:`_SIZE_SUFFIXES`)."""
+    if isinstance(raw, dict):
+        raw = dict(raw)
+        for key in ("max_upload_size", "max_image_pixels", "user_quota"):
+            value = raw.get(key)
+            if isinstance(value, str):
+                size = _parse_size(value)
+                if size is None:
+                    problems.append(
+                        f"media.{key} must be a number of bytes (e.g. 50M), not {value!r}"
+                    )
+                    del raw[key]
+                else:
+                    raw[key] = size
+    media: MediaConfig = _section(MediaConfig, raw, "media", problems)
+    if media.store_path is not None:
+        problem = _path_problem(media.store_path, directory=True)
+        if problem:
+            problems.append(f"media.store_path: {problem}")
+    return media
+
+
+def _parse_size(text: str) -> int | None:
+    text = text.strip().upper()
+    factor = _SIZE_SUFFIXES.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in _SIZE_SUFFIXES else text
+    if not digits.isascii() or not digits.isdigit():
+        return None
+    return int(digits) * factor
 
 
 def _range_problem(key: str, value: Any) -> str | None:
@@ -340,6 +426,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
     redis = _section(RedisConfig, raw.get("redis"), "redis", problems)
     http = _section(HttpConfig, raw.get("http"), "http", problems)
     caches = _section(CachesConfig, raw.get("caches"), "caches", problems)
+    media = _media_section(raw.get("media"), problems)
     problems.extend(_cache_size_problems(caches, raw.get("caches") or {}))
     enable_registration = raw.get("enable_registration", True)
     if not isinstance(enable_registration, bool):
@@ -369,6 +456,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         redis=redis,
         http=http,
         caches=caches,
+        media=media,
     )
     data_dir_problem = _path_problem(data_dir, directory=True)
     if data_dir_problem and isinstance(raw.get("data_dir", "data"), str):

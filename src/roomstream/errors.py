@@ -57,6 +57,12 @@ class Codes(StrEnum):
     WRONG_ROOM_KEYS_VERSION = "M_WRONG_ROOM_KEYS_VERSION"
     #: A signature that does not verify (``/keys/signatures/upload`` failures).
     INVALID_SIGNATURE = "M_INVALID_SIGNATURE"
+    #: Media: an asynchronous upload's content has not arrived (yet).
+    NOT_YET_UPLOADED = "M_NOT_YET_UPLOADED"
+    #: Media: the media ID already has content (asynchronous uploads).
+    CANNOT_OVERWRITE_MEDIA = "M_CANNOT_OVERWRITE_MEDIA"
+    #: A limit of this server's resources (here: a user's media upload quota).
+    RESOURCE_LIMIT_EXCEEDED = "M_RESOURCE_LIMIT_EXCEEDED"
     #: Internal API: the writer no longer holds the stream rows asked for.
     STREAM_TOO_OLD = "IO.ROOMSTREAM.STREAM_TOO_OLD"
     #: Internal API: this instance does not write the room (after one forward).
@@ -195,6 +201,14 @@ class UnknownPosError(NamedError):
     ERRCODE = Codes.UNKNOWN_POS
 
 
+class ResourceLimitExceededError(NamedError):
+    """A user is over a limit of this server's resources, here the media upload quota
+    (400 ``M_RESOURCE_LIMIT_EXCEEDED``, as Synapse answers ``media_upload_limits``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.RESOURCE_LIMIT_EXCEEDED
+
+
 # Events: 400, whatever the errcode; ``except BadEventError`` catches them all. ------------
 
 
@@ -323,6 +337,14 @@ class NotFoundError(NamedError):
     ERRCODE = Codes.NOT_FOUND
 
 
+class EndpointDisabledError(NamedError):
+    """An endpoint this server knows and does not offer, such as URL previews
+    (404 ``M_UNRECOGNIZED``, as Synapse answers when they are disabled)."""
+
+    HTTP_STATUS = 404
+    ERRCODE = Codes.UNRECOGNIZED
+
+
 class UnknownRoomError(NotFoundError, LookupError):
     """The room is not known here (404 ``M_NOT_FOUND``); also a ``LookupError``."""
 
@@ -337,6 +359,34 @@ class ConflictError(NamedError):
 
     HTTP_STATUS = 409
     ERRCODE = Codes.UNKNOWN
+
+
+class CannotOverwriteMediaError(NamedError):
+    """An asynchronous upload to a media ID that has content already, or is being
+    uploaded to right now (409 ``M_CANNOT_OVERWRITE_MEDIA``)."""
+
+    HTTP_STATUS = 409
+    ERRCODE = Codes.CANNOT_OVERWRITE_MEDIA
+
+
+class ContentTooLargeError(NamedError):
+    """A request body (an upload) or content (an image to thumbnail) over the configured
+    limit (413 ``M_TOO_LARGE``)."""
+
+    HTTP_STATUS = 413
+    ERRCODE = Codes.TOO_LARGE
+
+
+class LimitExceededError(NamedError):
+    """Too many of something at once, here pending media IDs (429 ``M_LIMIT_EXCEEDED``,
+    with ``retry_after_ms``)."""
+
+    HTTP_STATUS = 429
+    ERRCODE = Codes.LIMIT_EXCEEDED
+
+    def __init__(self, message: str, *, retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_ms = None if retry_after_ms is None else max(0, retry_after_ms)
 
 
 class StreamRowsGoneError(NamedError):
@@ -363,6 +413,14 @@ class InternalServerError(NamedError):
 
     HTTP_STATUS = 500
     ERRCODE = Codes.UNKNOWN
+
+
+class NotYetUploadedError(NamedError):
+    """Media whose asynchronous upload has not arrived within the wait asked for
+    (504 ``M_NOT_YET_UPLOADED``)."""
+
+    HTTP_STATUS = 504
+    ERRCODE = Codes.NOT_YET_UPLOADED
 
 
 class ServiceUnavailableError(NamedError):

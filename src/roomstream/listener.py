@@ -11,8 +11,9 @@ header field over 8,190 bytes, 128 header fields, the application's body size):
   headers must be complete within ``header_timeout`` seconds, or the connection is closed
   (a slowloris client dribbling headers);
 - **body timeout**: a request whose headers declare a body must deliver all of it within
-  ``body_timeout`` seconds of its headers, or the connection is closed (the handler
-  waiting for it sees the connection lost);
+  ``body_timeout`` seconds of its headers (``upload_timeout`` for media uploads, under
+  ``/_matrix/media/``), or the connection is closed (the handler waiting for it sees the
+  connection lost);
 - **idle timeout**: a connection with no request in flight is closed after
   ``idle_timeout`` seconds (aiohttp's keep-alive timeout; it also bounds a connection
   that never sends a byte);
@@ -71,6 +72,8 @@ __all__ = [
 #: process told to stop would otherwise hang on its idle clients' polls. Cancelled polls
 #: lose nothing (a client retries from the token it has).
 SHUTDOWN_GRACE = 2.0
+#: Requests under this path are media uploads (HttpConfig.upload_timeout for their body).
+UPLOAD_PATH_PREFIX = "/_matrix/media/"
 #: Characters of a parser error's message kept (the rest is the received garbage).
 MAX_ERROR_MESSAGE = 200
 
@@ -160,11 +163,11 @@ class GuardedRequestHandler(RequestHandler):
             self._cancel_header_timer()
             self._cancel_body_timer()
             if len(self._messages) > queued:
-                payload = self._messages[-1][1]
+                message, payload = self._messages[-1]
                 if isinstance(payload, StreamReader) and not payload.is_eof():
                     self._body = payload
                     self._body_timer = self._loop.call_later(
-                        self._limits.body_timeout, self._timed_out
+                        self._body_timeout(message), self._timed_out
                     )
         elif data and self._body_timer is None and self._header_timer is None:
             self._header_timer = self._loop.call_later(self._limits.header_timeout, self._timed_out)
@@ -184,6 +187,15 @@ class GuardedRequestHandler(RequestHandler):
         )
         answer.force_close()
         return answer
+
+    def _body_timeout(self, message: Any) -> float:
+        """Seconds the body of ``message`` may take: media uploads (streamed to disk, up
+        to the media section's size limit) have ``upload_timeout``, others
+        ``body_timeout``."""
+        path = getattr(message, "path", "")
+        if isinstance(path, str) and path.startswith(UPLOAD_PATH_PREFIX):
+            return self._limits.upload_timeout
+        return self._limits.body_timeout
 
     def _timed_out(self) -> None:
         self._header_timer = self._body_timer = None

@@ -7,7 +7,8 @@
   grew it by about 90 MB and twelve rounds of 200 by 950 MB).
 - A request whose headers dribble in one byte at a time is closed after the header
   timeout; one that declares a body and does not send it, after the body timeout; a
-  connection with no request in flight, after the idle timeout.
+  connection with no request in flight, after the idle timeout; a media upload's body
+  has the (longer) upload timeout.
 - Connections above the per-address cap are closed at once, while the address's other
   connections, other addresses, and a new connection once one has ended are served.
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -242,6 +244,30 @@ async def test_a_declared_body_that_never_comes_is_cut_off(server: Server) -> No
     reader, writer = await connect(server.port)
     await versions_on(reader, writer)
     writer.close()
+
+
+async def test_an_upload_may_take_longer_than_the_body_timeout(server: Server) -> None:
+    """Media uploads have ``http.upload_timeout`` (300 s by default) for their body."""
+    async with aiohttp.ClientSession() as session:
+        body = {"username": "slow", "password": "pw-slow-1", "auth": {"type": "m.login.dummy"}}
+        url = f"http://127.0.0.1:{server.port}/_matrix/client/v3/register"
+        async with session.post(url, json=body) as resp:
+            token = (await resp.json())["access_token"]
+    reader, writer = await connect(server.port)
+    writer.write(
+        b"POST /_matrix/media/v3/upload HTTP/1.1\r\nHost: test\r\nContent-Type: text/plain\r\n"
+        + f"Authorization: Bearer {token}\r\n".encode()
+        + b"Content-Length: 10\r\n\r\nhello"
+    )
+    await writer.drain()
+    # A slow client (what is under test, not synchronisation): the rest of the body
+    # comes well after body_timeout.
+    await asyncio.sleep(BODY_TIMEOUT * 2.5)
+    writer.write(b"world")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CLOSE_WITHIN)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200"), head
 
 
 async def test_connections_above_the_per_address_cap_are_closed(server: Server) -> None:

@@ -10,7 +10,7 @@ ephemeral data (written on their stream's writer through :mod:`~roomstream.clien
 :mod:`~roomstream.client.forwarded` carries out what other processes forward here),
 :mod:`~roomstream.client.notifier` to wake long polls, :mod:`~roomstream.client.profiles`
 for profiles (new membership events read them through the event creator's
-``member_profile``).
+``member_profile``), :mod:`roomstream.media` for the media repository.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from roomstream.client.ignored import IGNORED_USER_LIST, IgnoredUsers
 from roomstream.client.keys_routes import keys_routes
 from roomstream.client.legacy import LegacyReads
 from roomstream.client.legacy_routes import legacy_routes
+from roomstream.client.media_routes import media_routes
 from roomstream.client.notifier import Notifier
 from roomstream.client.openid_routes import openid_routes
 from roomstream.client.profile_routes import profile_routes
@@ -56,6 +57,7 @@ from roomstream.config import Config
 from roomstream.e2e import E2eKeys
 from roomstream.e2e.backup import KeyBackup
 from roomstream.e2e.service import Forward
+from roomstream.media import MediaRepository, open_media
 from roomstream.reading import RoomReader
 from roomstream.replication import endpoints
 from roomstream.replication import endpoints as ep
@@ -191,6 +193,8 @@ class ClientProcess:
         self.forwarded = ForwardedWrites(
             self.accounts, self.rooms, self.userdata, self.typing, self.keys
         )
+        #: The media repository (uploads, downloads, thumbnails).
+        self.media: MediaRepository = open_media(config, engine.db)
         legacy = LegacyReads(self.reader, engine.store, self.store, self.userdata, self.notifier)
         self.api = ClientApi(
             self.accounts,
@@ -244,6 +248,7 @@ class ClientProcess:
                 *keys_routes(self.accounts, self.keys),
                 *device_routes(self.accounts, self.keys, self.client_ips),
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
+                *media_routes(self.accounts, self.media),
             ],
             self.client_ips,
         )
@@ -267,6 +272,7 @@ class ClientProcess:
         self.notifier.on_replicated_position(stream_name, writer, position)
 
     def close(self) -> None:
+        self.media.close()
         self.client_ips.close()
         self.notifier.close()
         self.profiles.fanout.close()

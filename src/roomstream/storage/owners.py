@@ -77,6 +77,9 @@ TABLE_OWNERS: Mapping[str, str] = {
     "e2e_room_keys_versions": "roomstream.e2e.backup_store",
     "e2e_room_keys": "roomstream.e2e.backup_store",
     "device_lists_stream": "roomstream.e2e.device_lists",
+    # The media repository.
+    "media": "roomstream.media.metadata",
+    "media_thumbnails": "roomstream.media.metadata",
     # Pipelines: the derived views and the exactly-once sinks' batch records.
     "view_room_state": _VIEWS,
     "view_room_stats": _VIEWS,
