@@ -24,6 +24,7 @@ from roomstream.reading.timeline_rows import (
     MAX_POSITION,
     MIN_POSITION,
     EventPredicate,
+    Position,
     RowMatcher,
     _check_limit,
     _chunks,
@@ -166,9 +167,13 @@ class LatestRooms(EventRead):
         self._complete(loaded)
         now = self._now()
         rooms = []
-        for room_id, membership, activity, rows, limited, state_ids, member_event in picked:
+        for room_id, membership, activity, rows, limited, state_ids, member_event, end in picked:
+            # Back from the first event; without one, from where the read started when
+            # a filter found nothing it keeps (older events may match), else nothing.
             prev_batch = (
-                RoomPosition.of_event(*rows[0].position) if rows else RoomPosition(*MIN_POSITION)
+                RoomPosition.of_event(*rows[0].position)
+                if rows
+                else RoomPosition(*(end if limited else MIN_POSITION))
             )
             rooms.append(
                 RoomTimeline(
@@ -260,7 +265,18 @@ class LatestRooms(EventRead):
                 current = current_state_txn(txn, room_id)
                 state_ids = [v for k, v in sorted(current.items()) if k[0] in INVITE_STATE_TYPES]
                 state_ids.append(member_event)
-                picked.append((room_id, membership, activity, [], False, state_ids, member_event))
+                picked.append(
+                    (
+                        room_id,
+                        membership,
+                        activity,
+                        [],
+                        False,
+                        state_ids,
+                        member_event,
+                        MIN_POSITION,
+                    )
+                )
                 continue
             view = views[room_id]
             candidates = latest.get(room_id)
@@ -290,6 +306,7 @@ class LatestRooms(EventRead):
                     limited,
                     state_ids,
                     None if membership == "join" else member_event,
+                    high,
                 )
             )
         rows_all = [r for p in picked for r in p[3]]
@@ -327,8 +344,9 @@ class LatestRooms(EventRead):
 
 
 #: A room of a latest-rooms page: ID, membership, latest activity, timeline rows,
-#: limited, state event IDs, the user's membership event (rooms they are not joined to).
-_Picked = tuple[str, str, int, list[_Row], bool, list[str], str | None]
+#: limited, state event IDs, the user's membership event (rooms they are not joined to),
+#: the point the timeline was read back from.
+_Picked = tuple[str, str, int, list[_Row], bool, list[str], str | None, Position]
 
 
 def _own_event(view: _View, event_id: str) -> _Row | None:

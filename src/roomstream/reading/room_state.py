@@ -101,8 +101,16 @@ def _state_ids_after_txn(txn: Transaction, event_id: str) -> list[str]:
 
 
 def _state_before_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], str]:
+    """The state before an event. An event is never in the state before itself: the
+    persister stores a room's create event with the group after it as its "before" too
+    (there is no group for the empty state), so that entry is dropped."""
     groups = _state_groups_txn(txn, event_id)
-    return {} if groups is None else get_state_txn(txn, groups[0])
+    if groups is None:
+        return {}
+    state = get_state_txn(txn, groups[0])
+    if groups[0] == groups[1]:
+        state = {k: v for k, v in state.items() if v != event_id}
+    return state
 
 
 def _state_at_token_txn(
@@ -113,11 +121,6 @@ def _state_at_token_txn(
     point = _point_txn(txn, room_id, token, MIN_POSITION)
     event_id = _neighbour_before_txn(txn, room_id, point)
     return {} if event_id is None else _state_after_txn(txn, event_id)
-
-
-def _state_ids_before_txn(txn: Transaction, event_id: str) -> list[str]:
-    groups = _state_groups_txn(txn, event_id)
-    return [] if groups is None else sorted(get_state_txn(txn, groups[0]).values())
 
 
 class RoomStateReads(EventRead):

@@ -221,8 +221,12 @@ class NewEvents(EventRead):
         now = self._now()
         result: dict[str, RoomTimeline] = {}
         for room_id, (rows, limited, state_ids) in timelines.items():
+            # Back from the first event; without one, from the end when a filter kept
+            # none of what it read (older events may match), else from the token.
             prev_batch: PaginationToken = (
-                RoomPosition.of_event(*min(r.position for r in rows)) if rows else since
+                RoomPosition.of_event(*min(r.position for r in rows))
+                if rows
+                else (upto if limited else since)
             )
             result[room_id] = RoomTimeline(
                 room_id,
@@ -294,7 +298,7 @@ class NewEvents(EventRead):
                     leaves = [stream for _, stream, m in own if m in ("leave", "ban")]
                     stop = leaves[-1] if leaves else None
                 rows, limited = _new_rows_txn(txn, room_id, view, since, upto, limit, match, stop)
-            if not rows and room_id not in own_by_room and not full_state:
+            if not rows and not limited and room_id not in own_by_room and not full_state:
                 continue
             state: dict[tuple[str, str], str] = {}
             # The state at the start of the timeline (current state without one).
@@ -302,7 +306,7 @@ class NewEvents(EventRead):
             if rows:
                 if full_state or limited or room_id in own_by_room or lazy_members:
                     start = _state_before_txn(txn, rows[0].event_id)
-            elif full_state:
+            elif full_state or limited:
                 start = current_state_txn(txn, room_id)
             if start is not None:
                 if newly_joined and match is not None:
