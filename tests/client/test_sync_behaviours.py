@@ -10,7 +10,8 @@ from typing import Any
 
 from roomstream.reading.timeline_rows import filter_budget
 from tests.support.client import bodies, q, room_with, send, sync
-from tests.support.homeserver import Homeserver, User
+from tests.support.homeserver import Homeserver, RunningServer, User
+from tests.support.js_sdk import JS_DIR, run_script
 
 
 async def _set_visibility(hs: Homeserver, owner: User, room_id: str, value: str) -> None:
@@ -192,9 +193,10 @@ async def test_a_rejoin_brings_the_history_sent_while_away(homeserver: Homeserve
     room_id = await room_with(hs, alice, bob)  # shared history
     await send(hs, alice, room_id, "together")
     await hs.ok("POST", f"/rooms/{room_id}/leave", {}, token=bob.token)
-    away = await sync(hs, bob)
     for n in range(3):
         await send(hs, alice, room_id, f"away {n}")
+    # bob's client synced on while away: its token is past what was sent meanwhile.
+    away = await sync(hs, bob)
     await hs.ok("POST", f"/rooms/{room_id}/join", {}, token=bob.token)
     await send(hs, alice, room_id, "welcome back")
     body = await sync(hs, bob, since=away["next_batch"])
@@ -425,3 +427,24 @@ async def test_room_initial_sync_refuses_banned_users_unless_world_readable(
     assert bodies(peek["messages"]["chunk"])[-1] == "public now"
     topics = {(e["type"], e["state_key"]) for e in peek["state"]}
     assert ("m.room.member", bob.user_id) in topics
+
+
+# -- what matrix-js-sdk shows -------------------------------------------------------------
+
+
+async def test_matrix_js_sdk_shows_left_rooms_and_history_sent_while_away(
+    running_server: RunningServer,
+) -> None:
+    """``js/sync_behaviours.mjs`` against a real ``roomstream run``: a banned user's
+    fresh client lists the room among its left rooms (banned by the owner, with the
+    reason) without the messages after the ban; a rejoining user's client shows the
+    messages sent while they were away (shared history) before the newest one."""
+    assert (JS_DIR / "node_modules" / "matrix-js-sdk").is_dir(), (
+        "matrix-js-sdk is not installed: run `make setup` (npm ci in tests/client/js)"
+    )
+    report = await run_script("sync_behaviours.mjs", running_server.url)
+    assert report["left"] == [True]
+    assert report["membership"] in ("leave", "ban")
+    assert report["member"] == {"membership": "ban", "by": True, "reason": "spam"}
+    assert report["seen"] == ["rules"]
+    assert report["rejoined"][-4:] == ["away 0", "away 1", "away 2", "welcome back"]
