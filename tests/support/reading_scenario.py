@@ -401,6 +401,10 @@ class Oracle:
         return [e for e in self.events if self.may_see(user, e)]
 
 
+#: Memberships of a user who left a room.
+LEFT = ("leave", "ban")
+
+
 async def check_room(engine: RoomEngine, reader: RoomReader, played: PlayedRoom) -> None:
     oracle = await Oracle.build(engine, played)
     room_id = played.room_id
@@ -444,10 +448,32 @@ async def check_room(engine: RoomEngine, reader: RoomReader, played: PlayedRoom)
                 "membership"
             )
         own = oracle.own_membership_events.get(user, [])
+        by_id = {e.event.event_id: e for e in oracle.events}
         for since in played.tokens:
             position = since.position("main")
-            expected = sorted((e for e in visible if e.stream > position), key=lambda e: e.stream)
-            own_since = [ev.event_id for s, ev in own if s > position]
+            own_events = [ev for s, ev in own if s > position]
+            own_since = [ev.event_id for ev in own_events]
+            # Joined since the token (a join from another membership): the latest
+            # visible events, as an initial sync reads them (topological order).
+            newly_joined = membership == "join" and any(
+                ev.content.get("membership") == "join"
+                and (ev.event_id not in by_id or by_id[ev.event_id].members_before[user] != "join")
+                for ev in own_events
+            )
+            # Left since the token: nothing after the last leave or ban.
+            leaves = [s for s, ev in own if s > position and ev.content.get("membership") in LEFT]
+            stop = leaves[-1] if membership in LEFT and leaves else None
+            if newly_joined:
+                expected = list(visible)
+            else:
+                expected = sorted(
+                    (
+                        e
+                        for e in visible
+                        if e.stream > position and (stop is None or e.stream <= stop)
+                    ),
+                    key=lambda e: e.stream,
+                )
             for limit in (100, 2):
                 result = await reader.sync(user, since, timeline_limit=limit)
                 assert [e["event_id"] for e in result.membership_changes] == own_since
@@ -463,10 +489,19 @@ async def check_room(engine: RoomEngine, reader: RoomReader, played: PlayedRoom)
         # Latest rooms.
         page = await reader.latest_rooms(user, room_limit=5, event_limit=3, state="none")
         by_room = {r.room_id: r for r in page.rooms}
-        if membership in ("join", "leave", "ban"):
+        if membership == "join":
             timeline = by_room[room_id]
             assert [e["event_id"] for e in timeline.events] == ids[-3:], f"latest for {user}"
             assert timeline.limited == (len(ids) > 3)
+        elif membership in LEFT:
+            # Up to the user's leave (their membership event), none after it.
+            left_at = by_id.get(str(membership_id))
+            upto = (
+                [] if left_at is None else [e for e in ids if by_id[e].position <= left_at.position]
+            )
+            timeline = by_room[room_id]
+            assert [e["event_id"] for e in timeline.events] == upto[-3:], f"latest for {user}"
+            assert timeline.limited == (len(upto) > 3)
         elif membership == "invite":
             assert by_room[room_id].events == []
         else:

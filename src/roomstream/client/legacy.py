@@ -96,6 +96,13 @@ class LegacyReads:
         user_id = requester.user_id
         end = self.reader.current_token()
         view = await self.reader.room_state_for(user_id, room_id)
+        if view.membership == "ban" or (
+            view.membership == "leave" and await self.store.forgotten_rooms(user_id, [room_id])
+        ):
+            # Only a departed member who left and did not forget the room sees it as of
+            # their leave; a banned one (as Synapse) or one who forgot it may only peek
+            # (403 unless the room is world_readable).
+            view = await self.reader.room_state_for(user_id, room_id, departed=False)
         receipts: list[dict[str, Any]] = []
         if view.membership in ("leave", "ban") and view.member_event is not None:
             messages = await self._messages_before_leave(
@@ -196,9 +203,8 @@ class LegacyReads:
                     entry["inviter"] = own[-1].get("sender")
                 rooms.append(entry)
                 continue
+            # A room the user left: its timeline and state as of their leave.
             state = timeline.state
-            if timeline.membership in ("leave", "ban"):
-                state = (await self.reader.room_state_for(user_id, room_id)).state
             entry["messages"] = _messages(
                 timeline.events,
                 (timeline.prev_batch if timeline.limited else ROOM_START).to_string(),

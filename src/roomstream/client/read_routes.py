@@ -113,7 +113,12 @@ def read_routes(
             limit=limit,
             to_token=_token(request.query.get("to")),
             device_id=requester.device_id,
+            # 403 for a user who never joined, is banned or only invited, unless the
+            # room is world_readable now, and for an unknown room (as Synapse).
+            check_access=True,
         )
+        if chunk.departed and await store.forgotten_rooms(requester.user_id, [room_id]):
+            raise ForbiddenError(f"user {requester.user_id} forgot room {room_id}")
         # Filtered after reading (see docs/client_api.md): a page may hold fewer than
         # `limit` events, and `end` still continues after every event read.
         events = hide_ignored(chunk.events, await ignored_by(requester))

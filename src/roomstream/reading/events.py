@@ -14,6 +14,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from roomstream.events.model import Event
 from roomstream.events.types import EventTypes
@@ -170,6 +171,36 @@ class EventFormatter:
             formatted, missing, events, list(fresh.values()), redacted_by, transaction_ids
         )
 
+    def matching_txn(
+        self,
+        txn: Transaction,
+        rows: Sequence[_Row],
+        keep: Callable[[Mapping[str, Any]], bool],
+    ) -> list[_Row]:
+        """Those of ``rows`` (order kept) whose event ``keep`` accepts, given as
+        ``type``, ``sender``, ``room_id``, ``content`` (empty for a redacted event: no
+        redaction algorithm keeps what a filter reads, ``url``) and ``state_key`` for
+        state events. The events come from the formatting cache or the store's, else
+        from the database in one statement per 500."""
+        fields: dict[str, Mapping[str, Any]] = {}
+        uncached: list[str] = []
+        peek = self._formatted.peek
+        for row in rows:
+            entry = peek(row.event_id)
+            if entry is not None:
+                fields[row.event_id] = entry.base
+                continue
+            event = self.store.cached_event(row.event_id)
+            if event is None:
+                uncached.append(row.event_id)
+            else:
+                fields[row.event_id] = _filter_fields(event, row.redacted_by)
+        if uncached:
+            flags = {r.event_id: r.redacted_by for r in rows}
+            for event_id, event in load_events_txn(txn, uncached).items():
+                fields[event_id] = _filter_fields(event, flags.get(event_id))
+        return [r for r in rows if r.event_id in fields and keep(fields[r.event_id])]
+
     def complete(self, loaded: _Loaded) -> None:
         """On the event loop, after :meth:`load_txn`: cache the events read from the
         database, and format (and cache) those whose format was not cached."""
@@ -233,6 +264,19 @@ class EventFormatter:
         )
 
 
+def _filter_fields(event: Event, redacted_by: str | None) -> dict[str, Any]:
+    """What a timeline filter reads of an event (see :meth:`EventFormatter.matching_txn`)."""
+    fields: dict[str, Any] = {
+        "type": event.type,
+        "sender": event.sender,
+        "room_id": event.room_id,
+        "content": {} if redacted_by is not None else event.content,
+    }
+    if event.state_key is not None:
+        fields["state_key"] = event.state_key
+    return fields
+
+
 class EventRead:
     """Base of the reads that serve events: the database, and the formatter's steps
     bound under the names the reads call (bound once here: no extra call per event)."""
@@ -246,6 +290,7 @@ class EventRead:
         self._format_rows = formatter.format_rows
         self._format_ids = formatter.format_ids
         self._format = formatter.format
+        self._matching_txn = formatter.matching_txn
 
 
 class SingleEvents(EventRead):

@@ -13,21 +13,28 @@ from roomstream.reading.events import EventFormatter, EventRead, _Loaded
 from roomstream.reading.results import LatestRoomsPage, RoomsCursor, RoomTimeline
 from roomstream.reading.room_state import (
     _current_state_ids_txn,
-    _state_ids_before_txn,
+    _merged_state,
+    _rewound_state,
+    _state_after_txn,
+    _state_before_txn,
 )
 from roomstream.reading.timeline_rows import (
     _COLUMNS,
     _FROM,
     MAX_POSITION,
     MIN_POSITION,
+    EventPredicate,
+    Position,
+    RowMatcher,
     _check_limit,
     _chunks,
+    _filtered_page_txn,
     _load_views_txn,
     _marks,
-    _page_txn,
     _Row,
     _to_row,
     _to_rows,
+    _View,
 )
 from roomstream.reading.tokens import EventsToken, RoomPosition
 from roomstream.rooms.store import current_state_txn
@@ -107,6 +114,7 @@ class LatestRooms(EventRead):
         state: StateChoice = "current",
         memberships: Collection[str] = ("join", "invite", "leave", "ban"),
         device_id: str | None = None,
+        timeline_filter: EventPredicate | None = None,
         _token: EventsToken | None = None,
     ) -> LatestRoomsPage:
         """The user's rooms ordered by their latest activity the user may see (newest
@@ -115,6 +123,20 @@ class LatestRooms(EventRead):
         of the returned timeline, or none). Invited (and knocked) rooms get no timeline
         and, as state, the user's invite (or knock) event and the room's descriptive
         state (name, topic, join rules...).
+
+        A room the user left or was banned from is read as of their leave: its timeline
+        ends at their membership event (spec: up to the point the user left), its
+        ``current`` state is the state after it, and ``member_event`` is that event.
+
+        ``state="timeline_start"`` (spec: the state before the timeline's first event):
+        for a joined room whose timeline is its latest events, the current state with
+        the timeline's own state events taken back (no state-group read); otherwise the
+        state before the first event, plus what the timeline leaves out of the state at
+        its end (current state, or the state at the leave), as Synapse sends it.
+
+        ``timeline_filter``: only events it accepts fill the timelines; each room reads
+        on past the ones it rejects, up to :func:`~.timeline_rows.filter_budget` visible
+        events (a timeline still short then is ``limited``).
         """
         _check_limit(event_limit)
         if room_limit < 1:
@@ -139,15 +161,19 @@ class LatestRooms(EventRead):
         raw = await self.db.run_interaction(
             "latest_rooms",
             self._latest_txn, user_id, room_limit, event_limit, cursor, state, joined, known,
-            horizon, others, device_id,
+            horizon, others, device_id, timeline_filter,
         )  # fmt: skip
         picked, more, loaded = raw
         self._complete(loaded)
         now = self._now()
         rooms = []
-        for room_id, membership, activity, rows, limited, state_ids in picked:
+        for room_id, membership, activity, rows, limited, state_ids, member_event, end in picked:
+            # Back from the first event; without one, from where the read started when
+            # a filter found nothing it keeps (older events may match), else nothing.
             prev_batch = (
-                RoomPosition.of_event(*rows[0].position) if rows else RoomPosition(*MIN_POSITION)
+                RoomPosition.of_event(*rows[0].position)
+                if rows
+                else RoomPosition(*(end if limited else MIN_POSITION))
             )
             rooms.append(
                 RoomTimeline(
@@ -158,6 +184,9 @@ class LatestRooms(EventRead):
                     prev_batch,
                     self._format_ids(state_ids, loaded, now),
                     activity,
+                    None
+                    if member_event is None
+                    else self._format_ids([member_event], loaded, now)[0],
                 )
             )
         next_cursor = (
@@ -178,7 +207,8 @@ class LatestRooms(EventRead):
         horizon: int,
         others: tuple[str, ...],
         device_id: str | None,
-    ) -> tuple[list[tuple[str, str, int, list[_Row], bool, list[str]]], bool, _Loaded]:
+        timeline_filter: EventPredicate | None = None,
+    ) -> tuple[list[_Picked], bool, _Loaded]:
         # Latest activity: the stream ordering of the room's newest event for members;
         # of the user's membership event otherwise (nothing later is theirs to see,
         # unless visibility lets them, which the timeline below still honours).
@@ -215,30 +245,114 @@ class LatestRooms(EventRead):
                    in ordered[:room_limit]]  # fmt: skip
         # Invited and knocking users see no timeline, only the stripped state.
         readable = [r[0] for r in ordered if r[1] not in ("invite", "knock")]
+        # Joined rooms read their latest rows with one seek each; rooms the user left
+        # read up to their leave instead (below), and a filter reads pages of its own.
+        in_room = [r[0] for r in ordered if r[1] == "join"]
         views, _ = _load_views_txn(txn, readable, user_id)
-        latest = _latest_rows_txn(txn, readable, event_limit + 1)
-        currents, flags = _current_state_ids_txn(txn, readable) if state == "current" else ({}, {})
-        picked: list[tuple[str, str, int, list[_Row], bool, list[str]]] = []
+        latest = _latest_rows_txn(txn, in_room, event_limit + 1) if timeline_filter is None else {}
+        currents, flags = _current_state_ids_txn(txn, in_room) if state != "none" else ({}, {})
+        match: RowMatcher | None = None
+        if timeline_filter is not None:
+            keep = timeline_filter
+
+            def match(rows: list[_Row]) -> list[_Row]:
+                return self._matching_txn(txn, rows, keep)
+
+        picked: list[_Picked] = []
         for room_id, membership, member_event, activity in ordered:
             state_ids: list[str] = []
             if membership in ("invite", "knock"):
                 current = current_state_txn(txn, room_id)
                 state_ids = [v for k, v in sorted(current.items()) if k[0] in INVITE_STATE_TYPES]
                 state_ids.append(member_event)
-                picked.append((room_id, membership, activity, [], False, state_ids))
+                picked.append(
+                    (
+                        room_id,
+                        membership,
+                        activity,
+                        [],
+                        False,
+                        state_ids,
+                        member_event,
+                        MIN_POSITION,
+                    )
+                )
                 continue
-            visible = _page_txn(
-                txn, room_id, views[room_id], MIN_POSITION, MAX_POSITION, True,
-                event_limit + 1, latest[room_id],
-            )  # fmt: skip
-            limited = len(visible) > event_limit
+            view = views[room_id]
+            candidates = latest.get(room_id)
+            high = MAX_POSITION
+            own: _Row | None = None
+            if membership != "join":
+                own = _own_event(view, member_event)
+                # Up to the user's leave (spec); an out-of-band membership (a rejected
+                # invite) is no timeline event: nothing.
+                high = MIN_POSITION if own is None else (own.topo, own.stream + 1)
+            visible, bounded = _filtered_page_txn(
+                txn, room_id, view, MIN_POSITION, high, event_limit, candidates, match
+            )
+            limited = len(visible) > event_limit or bounded
             timeline = list(reversed(visible[:event_limit]))
-            if state == "current":
-                state_ids = currents[room_id]
-            elif state == "timeline_start" and timeline:
-                state_ids = _state_ids_before_txn(txn, timeline[0].event_id)
-            picked.append((room_id, membership, activity, timeline, limited, state_ids))
+            if state != "none":
+                state_ids = self._state_of(
+                    txn, state, membership, own, member_event, currents.get(room_id, {}),
+                    timeline, candidates,
+                )  # fmt: skip
+            picked.append(
+                (
+                    room_id,
+                    membership,
+                    activity,
+                    timeline,
+                    limited,
+                    state_ids,
+                    None if membership == "join" else member_event,
+                    high,
+                )
+            )
         rows_all = [r for p in picked for r in p[3]]
         state_all = [s for p in picked for s in p[5]]
+        state_all += [p[6] for p in picked if p[6] is not None]
         loaded = self._load_txn(txn, rows_all, state_all, user_id, device_id, flags)
         return picked, more, loaded
+
+    @staticmethod
+    def _state_of(
+        txn: Transaction,
+        state: StateChoice,
+        membership: str,
+        own: _Row | None,
+        member_event: str,
+        current: dict[tuple[str, str], str],
+        timeline: list[_Row],
+        candidates: list[_Row] | None,
+    ) -> list[str]:
+        """A readable room's state as ``state`` asks (see :meth:`latest_rooms`)."""
+        if membership == "join":
+            end = current
+        elif own is None:  # out of band: the membership event is all there is
+            return [member_event]
+        else:
+            end = _state_after_txn(txn, own.event_id)
+        if state == "current" or not timeline:
+            return sorted(end.values())
+        if membership == "join" and candidates is not None:
+            latest = [r.event_id for r in candidates[: len(timeline)]]
+            if latest == [r.event_id for r in reversed(timeline)]:
+                return sorted(_rewound_state(end, timeline).values())
+        start = _state_before_txn(txn, timeline[0].event_id)
+        return sorted(_merged_state(start, end, timeline).values())
+
+
+#: A room of a latest-rooms page: ID, membership, latest activity, timeline rows,
+#: limited, state event IDs, the user's membership event (rooms they are not joined to),
+#: the point the timeline was read back from.
+_Picked = tuple[str, str, int, list[_Row], bool, list[str], str | None, Position]
+
+
+def _own_event(view: _View, event_id: str) -> _Row | None:
+    """The user's membership event ``event_id`` as a timeline row (the view holds the
+    user's membership events), or None if it is not a timeline event."""
+    for row in view.specials:
+        if row.event_id == event_id:
+            return row
+    return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from roomstream.errors import InvalidParamError, NotFoundError
+from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
 from roomstream.reading.events import EventRead, _Loaded
 from roomstream.reading.latest_rooms import _latest_rows_txn
 from roomstream.reading.results import PaginationChunk, RoomPage
@@ -22,6 +22,7 @@ from roomstream.reading.timeline_rows import (
     _timeline_row_txn,
 )
 from roomstream.reading.tokens import PaginationToken, RoomPosition
+from roomstream.reading.visibility import WORLD_READABLE
 from roomstream.storage import Transaction
 
 
@@ -46,11 +47,21 @@ class Pagination(EventRead):
         limit: int = 10,
         to_token: PaginationToken | None = None,
         device_id: str | None = None,
+        check_access: bool = False,
     ) -> PaginationChunk:
         """``limit`` visible events of the room in topological order from ``from_token``
         (None: the end going backwards, the start going forwards), stopping at
         ``to_token``. An events-stream token stands for the point after the room's latest
         event it covers.
+
+        ``check_access`` (``/messages``, as Synapse's
+        ``check_user_in_room_or_world_readable`` with departed users allowed):
+        ``M_FORBIDDEN`` unless the user's current membership is ``join`` or ``leave``
+        or the room's current history visibility is ``world_readable``, so a user who
+        never joined, is banned or is only invited is refused, and so is anyone for a
+        room this server does not know (its existence is not revealed). The chunk's
+        ``departed`` says access came only from a leave (the caller may refuse a
+        forgotten room). Read in the page's own statement: no extra round trip.
 
         ``end`` is None only when the page is empty: there is nothing more the user may
         see in that direction. A page shorter than ``limit`` still has one (as Synapse):
@@ -60,10 +71,10 @@ class Pagination(EventRead):
         if direction not in ("b", "f"):
             raise InvalidParamError("direction must be 'b' or 'f'")
         backwards = direction == "b"
-        rows, loaded = await self.db.run_interaction(
+        rows, loaded, departed = await self.db.run_interaction(
             "paginate",
             self._paginate_txn, user_id, room_id, from_token, backwards, limit, to_token,
-            device_id,
+            device_id, check_access,
         )  # fmt: skip
         self._complete(loaded)
         now = self._now()
@@ -81,7 +92,7 @@ class Pagination(EventRead):
             if from_token is not None
             else RoomPosition(*(MAX_POSITION if backwards else MIN_POSITION))
         )
-        return PaginationChunk(events, start, end)
+        return PaginationChunk(events, start, end, departed)
 
     async def latest_pages(
         self,
@@ -148,18 +159,30 @@ class Pagination(EventRead):
         limit: int,
         to_token: PaginationToken | None,
         device_id: str | None,
-    ) -> tuple[list[_Row], _Loaded]:
+        check_access: bool = False,
+    ) -> tuple[list[_Row], _Loaded, bool]:
         point = _point_txn(txn, room_id, from_token, MAX_POSITION if backwards else MIN_POSITION)
         bound = _point_txn(txn, room_id, to_token, MIN_POSITION if backwards else MAX_POSITION)
         low, high = (bound, point) if backwards else (point, bound)
         rows: list[_Row] = []
-        if low < high:
+        departed = False
+        if low < high or check_access:
             # The view and the page's first candidates in one statement: for a user who
             # sees all of them (the usual case) that is the whole page.
-            candidates = _range_query(room_id, low, high, None, backwards, limit)
-            views, extra = _load_views_txn(txn, [room_id], user_id, candidates)
-            rows = _page_txn(
-                txn, room_id, views[room_id], low, high, backwards, limit, extra[room_id]
+            candidates = (
+                _range_query(room_id, low, high, None, backwards, limit) if low < high else None
             )
+            views, extra = _load_views_txn(
+                txn, [room_id], user_id, candidates, current=check_access
+            )
+            view = views[room_id]
+            if check_access:
+                membership = view.current_membership
+                world_readable = view.current_visibility == WORLD_READABLE
+                if membership != "join" and membership != "leave" and not world_readable:
+                    raise ForbiddenError(f"user {user_id} may not read room {room_id}")
+                departed = membership == "leave" and not world_readable
+            if low < high:
+                rows = _page_txn(txn, room_id, view, low, high, backwards, limit, extra[room_id])
         loaded = self._load_txn(txn, rows, (), user_id, device_id)
-        return rows, loaded
+        return rows, loaded, departed

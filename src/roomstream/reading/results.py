@@ -37,6 +37,9 @@ class RoomTimeline:
     of ``events``; empty when not asked for).
     ``latest_activity``: stream ordering of the newest event the user may see there
     (orders rooms in :meth:`RoomReader.latest_rooms`).
+    ``member_event``: the user's own current membership event, for a room they are not
+    joined to (from :meth:`RoomReader.latest_rooms`; its sender tells a kick from a
+    leave), else None.
     """
 
     room_id: str
@@ -46,6 +49,7 @@ class RoomTimeline:
     prev_batch: PaginationToken
     state: list[ClientEvent] = field(default_factory=list)
     latest_activity: int = 0
+    member_event: ClientEvent | None = None
 
 
 @dataclass
@@ -129,11 +133,13 @@ class LatestRoomsPage:
 class PaginationChunk:
     """A page of :meth:`RoomReader.paginate`: events in the direction asked (newest first
     going backwards), ``start`` (the token given) and ``end`` (continue from here; None
-    when nothing further exists in that direction)."""
+    when nothing further exists in that direction). ``departed``: read with
+    ``check_access``, the user may read the room only because they left it."""
 
     events: list[ClientEvent]
     start: PaginationToken
     end: RoomPosition | None
+    departed: bool = False
 
 
 @dataclass

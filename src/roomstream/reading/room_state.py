@@ -3,7 +3,7 @@ at a token, and the current state of many rooms with their redaction flags."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from roomstream.errors import ForbiddenError
 from roomstream.events.types import EventTypes
@@ -16,6 +16,7 @@ from roomstream.reading.timeline_rows import (
     _neighbour_before_txn,
     _point_txn,
     _redacted_by,
+    _Row,
 )
 from roomstream.reading.tokens import EventsToken
 from roomstream.reading.visibility import WORLD_READABLE, visibility_class
@@ -26,22 +27,61 @@ from roomstream.storage import Transaction
 
 def _current_state_ids_txn(
     txn: Transaction, room_ids: Sequence[str]
-) -> tuple[dict[str, list[str]], dict[str, str | None]]:
-    """Each room's current state event IDs (sorted), and their redaction flags, read
-    with them."""
-    result: dict[str, list[str]] = {r: [] for r in room_ids}
+) -> tuple[dict[str, dict[tuple[str, str], str]], dict[str, str | None]]:
+    """Each room's current state, (type, state_key) -> event ID, and the redaction flags
+    of those events, read with them."""
+    result: dict[str, dict[tuple[str, str], str]] = {r: {} for r in room_ids}
     flags: dict[str, str | None] = {}
     for chunk in _chunks(list(room_ids)):
-        for room_id, event_id, redacted_by in txn.query(
-            f"SELECT c.room_id, c.event_id, {_redacted_by('c.event_id')}"
+        for room_id, event_type, state_key, event_id, redacted_by in txn.query(
+            f"SELECT c.room_id, c.type, c.state_key, c.event_id, {_redacted_by('c.event_id')}"
             f" FROM current_state_events c WHERE c.room_id IN ({_marks(len(chunk))})",
             chunk,
         ):
-            result[room_id].append(event_id)
+            result[room_id][(event_type, state_key)] = event_id
             flags[event_id] = redacted_by
-    for ids in result.values():
-        ids.sort()
     return result, flags
+
+
+def _rewound_state(
+    current: Mapping[tuple[str, str], str], timeline: Sequence[_Row]
+) -> dict[tuple[str, str], str]:
+    """The state before ``timeline`` (oldest first), when it holds the room's latest
+    timeline events: ``current`` with the timeline's own state events taken back, each
+    key to the event its oldest timeline event replaced (``replaces_state``; none: the
+    key goes). In a linear history that is the state before the first event, read with
+    no state-group query; where branches interleave, it is the state that the
+    timeline's events bring to the current state."""
+    state = dict(current)
+    by_id = {event_id: key for key, event_id in state.items()}
+    for row in reversed(timeline):
+        key = by_id.pop(row.event_id, None)
+        if key is None:
+            continue  # not a state event, or not the one the state holds for its key
+        if row.replaces_state is None:
+            del state[key]
+        else:
+            state[key] = row.replaces_state
+            by_id[row.replaces_state] = key
+    return state
+
+
+def _merged_state(
+    start: Mapping[tuple[str, str], str],
+    end: Mapping[tuple[str, str], str],
+    timeline: Sequence[_Row],
+) -> dict[tuple[str, str], str]:
+    """The state to send with a timeline that does not hold every event between its
+    start and ``end`` (a filter or visibility left some out), as Synapse computes it:
+    the state at the start, plus each entry of ``end`` that differs from it and is not
+    in the timeline (so the client still reaches ``end``: a name change a filter
+    excluded is in ``state``)."""
+    in_timeline = {r.event_id for r in timeline}
+    state = dict(start)
+    for key, event_id in end.items():
+        if start.get(key) != event_id and event_id not in in_timeline:
+            state[key] = event_id
+    return state
 
 
 def _state_groups_txn(txn: Transaction, event_id: str) -> tuple[int, int] | None:
@@ -61,8 +101,16 @@ def _state_ids_after_txn(txn: Transaction, event_id: str) -> list[str]:
 
 
 def _state_before_txn(txn: Transaction, event_id: str) -> dict[tuple[str, str], str]:
+    """The state before an event. An event is never in the state before itself: the
+    persister stores a room's create event with the group after it as its "before" too
+    (there is no group for the empty state), so that entry is dropped."""
     groups = _state_groups_txn(txn, event_id)
-    return {} if groups is None else get_state_txn(txn, groups[0])
+    if groups is None:
+        return {}
+    state = get_state_txn(txn, groups[0])
+    if groups[0] == groups[1]:
+        state = {k: v for k, v in state.items() if v != event_id}
+    return state
 
 
 def _state_at_token_txn(
@@ -75,21 +123,23 @@ def _state_at_token_txn(
     return {} if event_id is None else _state_after_txn(txn, event_id)
 
 
-def _state_ids_before_txn(txn: Transaction, event_id: str) -> list[str]:
-    groups = _state_groups_txn(txn, event_id)
-    return [] if groups is None else sorted(get_state_txn(txn, groups[0]).values())
-
-
 class RoomStateReads(EventRead):
     """A room's state as a user may see it (the legacy room ``initialSync``)."""
 
-    async def room_state_for(self, user_id: str, room_id: str) -> RoomStateView:
+    async def room_state_for(
+        self, user_id: str, room_id: str, *, departed: bool = True
+    ) -> RoomStateView:
         """The room's state as the user may see it (the legacy room ``initialSync``): a
         member sees the current state; one who left or was banned the state after their
         leave (or ban) event; anyone else (invited, never joined) the current state of a
         ``world_readable`` room only, as a peek (``membership`` None). ``M_FORBIDDEN``
-        otherwise, and for a room this server does not know."""
-        raw = await self.db.run_interaction("room_state", self._room_state_txn, user_id, room_id)
+        otherwise, and for a room this server does not know.
+
+        ``departed=False``: one who left or was banned is treated as one who never
+        joined (a peek or ``M_FORBIDDEN``)."""
+        raw = await self.db.run_interaction(
+            "room_state", self._room_state_txn, user_id, room_id, departed
+        )
         if raw is None:
             raise ForbiddenError(f"user {user_id} may not see room {room_id}")
         membership, member_event, state_ids, loaded = raw
@@ -99,7 +149,7 @@ class RoomStateReads(EventRead):
         )
 
     def _room_state_txn(
-        self, txn: Transaction, user_id: str, room_id: str
+        self, txn: Transaction, user_id: str, room_id: str, departed: bool = True
     ) -> tuple[str | None, str | None, list[str], _Loaded] | None:
         current = current_state_txn(txn, room_id)
         if not current:
@@ -113,7 +163,7 @@ class RoomStateReads(EventRead):
         membership = None if row is None else str(row[0])
         if membership == "join":
             state_ids = sorted(current.values())
-        elif membership in ("leave", "ban") and own is not None:
+        elif membership in ("leave", "ban") and own is not None and departed:
             state_ids = _state_ids_after_txn(txn, own)
         else:
             hv = current.get((EventTypes.HISTORY_VISIBILITY, ""))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from roomstream.errors import InvalidParamError
@@ -89,7 +89,15 @@ class _View:
     and the few events the "before or after" edge cases apply to (their own membership
     events, history visibility changes)."""
 
-    __slots__ = ("_memberships", "_positions", "last_join", "specials", "user_id")
+    __slots__ = (
+        "_memberships",
+        "_positions",
+        "current_membership",
+        "current_visibility",
+        "last_join",
+        "specials",
+        "user_id",
+    )
 
     def __init__(
         self,
@@ -98,6 +106,11 @@ class _View:
         specials: Sequence[_Row],
     ) -> None:
         self.user_id = user_id
+        #: The user's membership in the room's current state, and the class of its
+        #: current history visibility (None: none), when the view was loaded with
+        #: ``current=True``.
+        self.current_membership: str | None = None
+        self.current_visibility: int | None = None
         ordered = sorted(intervals)
         self._positions = [p for p, _ in ordered]
         self._memberships = [m for _, m in ordered]
@@ -156,10 +169,17 @@ def _load_views_txn(
     room_ids: Sequence[str],
     user_id: str,
     rows_query: tuple[str, Sequence[Any]] | None = None,
+    *,
+    current: bool = False,
 ) -> tuple[dict[str, _View], dict[str, list[_Row]]]:
     """The user's :class:`_View` of each room, read by one statement (per 500 rooms):
     their membership intervals, their own membership events, the rooms' visibility
     changes.
+
+    ``current``: also the user's membership in the room's current state and the class
+    of its current history visibility (``_View.current_membership``,
+    ``current_visibility``), two more index probes in the same statement (access
+    checks cost no round trip of their own).
 
     ``rows_query``: a query of ``t.room_id, {_COLUMNS}`` rows (:func:`_range_query`) run
     in the same statement, saving a round trip when the caller will most likely want
@@ -169,6 +189,7 @@ def _load_views_txn(
     intervals: dict[str, list[tuple[Position, str | None]]] = {r: [] for r in room_ids}
     specials: dict[str, list[_Row]] = {r: [] for r in room_ids}
     extra: dict[str, list[_Row]] = {r: [] for r in room_ids}
+    found: dict[tuple[int, str], Any] = {}
     for index, chunk in enumerate(_chunks(list(room_ids))):
         marks = _marks(len(chunk))
         # Intervals padded to the row columns: position first, membership where a
@@ -183,6 +204,19 @@ def _load_views_txn(
             f" WHERE t.visibility_after IS NOT NULL AND t.room_id IN ({marks})"
         )
         params: list[Any] = [*chunk, user_id, user_id, *chunk, *chunk]
+        if current:
+            sql += (
+                " UNION ALL SELECT 3, c.room_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+                " c.membership, NULL, NULL FROM current_state_events c"
+                f" WHERE c.room_id IN ({marks}) AND c.type = 'm.room.member'"
+                " AND c.state_key = ?"
+                " UNION ALL SELECT 4, c.room_id, NULL, NULL, NULL, NULL, NULL,"
+                " t.visibility_after, NULL, NULL, NULL, NULL FROM current_state_events c"
+                " JOIN timeline_events t ON t.event_id = c.event_id"
+                f" WHERE c.room_id IN ({marks}) AND c.type = 'm.room.history_visibility'"
+                " AND c.state_key = ''"
+            )
+            params.extend([*chunk, user_id, *chunk])
         if rows_query is not None and index == 0:
             sql += f" UNION ALL SELECT 2, q.* FROM ({rows_query[0]}) AS q"
             params.extend(rows_query[1])
@@ -192,9 +226,16 @@ def _load_views_txn(
                 intervals[room_id].append(((int(r[2]), int(r[3])), r[9]))
             elif kind == 1:
                 specials[room_id].append(_to_row(r[2:]))
-            else:
+            elif kind == 2:
                 extra[room_id].append(_to_row(r[2:]))
+            else:
+                found[(kind, room_id)] = r[9] if kind == 3 else r[7]
     views = {r: _View(user_id, intervals[r], specials[r]) for r in room_ids}
+    for (kind, room_id), value in found.items():
+        if kind == 3:
+            views[room_id].current_membership = None if value is None else str(value)
+        else:
+            views[room_id].current_visibility = None if value is None else int(value)
     return views, extra
 
 
@@ -289,6 +330,60 @@ def _page_txn(
 
 #: Largest page any read returns.
 MAX_LIMIT = 1000
+
+#: A timeline filter's predicate over what it reads of an event (``type``, ``sender``,
+#: ``room_id``, ``content``, ``state_key``): ``EventFormatter.matching_txn``.
+EventPredicate = Callable[[Mapping[str, Any]], bool]
+#: Rows in, the rows the predicate keeps out (order kept).
+RowMatcher = Callable[[list[_Row]], list[_Row]]
+
+#: How far a filtered timeline reads on to fill its limit (as Synapse's
+#: ``_load_filtered_recents``: five reads of ``max(2 * limit, 10)`` events): at most
+#: ``FILTER_READS * max(2 * limit, 10)`` visible events of a room are put to the filter;
+#: a timeline still short then is ``limited`` (older matching events may exist).
+FILTER_READS = 5
+
+
+def filter_budget(limit: int) -> int:
+    """Visible events a filtered timeline of ``limit`` examines at most, per room."""
+    return FILTER_READS * max(2 * limit, 10)
+
+
+def _filtered_page_txn(
+    txn: Transaction,
+    room_id: str,
+    view: _View,
+    low: Position,
+    high: Position,
+    limit: int,
+    candidates: list[_Row] | None,
+    match: RowMatcher | None,
+) -> tuple[list[_Row], bool]:
+    """The newest visible events of ``[low, high)`` that ``match`` keeps (newest first),
+    at most ``limit + 1`` (one more than asked: whether there are more), and whether the
+    read stopped at the filter's bound (:func:`filter_budget`) with events left unread.
+
+    Without ``match`` this is one :func:`_page_txn` of ``limit + 1`` (``candidates``:
+    its first ``limit + 1`` rows, when read already); with it, pages of
+    ``max(2 * limit, 10)`` going back until ``limit + 1`` match, the range ends or the
+    bound is reached."""
+    if match is None:
+        return _page_txn(txn, room_id, view, low, high, True, limit + 1, candidates), False
+    kept: list[_Row] = []
+    budget = filter_budget(limit)
+    batch = max(2 * limit, 10)
+    while True:
+        size = min(batch, budget)
+        page = _page_txn(txn, room_id, view, low, high, True, size)
+        budget -= len(page)
+        kept.extend(match(page))
+        if len(kept) > limit:
+            return kept[: limit + 1], False
+        if len(page) < size:
+            return kept, False
+        if budget <= 0:
+            return kept, True
+        high = page[-1].position
 
 
 def _check_limit(limit: int) -> None:

@@ -9,11 +9,16 @@ with nothing to say from an incremental sync, and adds summaries and unread coun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Self
 
-from roomstream.client.filtering import EMPTY_SYNC_FILTER, EventFilter, SyncFilter
+from roomstream.client.filtering import (
+    EMPTY_SYNC_FILTER,
+    EventFilter,
+    RoomEventFilter,
+    SyncFilter,
+)
 from roomstream.client.ignored import IgnoredUsers, hide_ignored, ignored_invite
 from roomstream.client.store import ClientStore
 from roomstream.client.sync_sections.base import (
@@ -80,6 +85,7 @@ class RoomsSection(SyncSection):
     ) -> EventsToken:
         # The read path reads up to what it has ingested, not ``upto``: its own token.
         user_id, only = ctx.user_id, ctx.filter
+        ignored = frozenset() if self.ignored is None else await self.ignored.of(user_id)
         result = await self.reader.sync(
             user_id,
             since,
@@ -88,18 +94,16 @@ class RoomsSection(SyncSection):
             device_id=ctx.device_id,
             full_state=ctx.full_state,
             lazy_members=only.state.lazy_load_members,
+            timeline_filter=_timeline_predicate(only.timeline, ignored),
         )
         if ctx.timeline_limit == 0:
             for room_id, timeline in result.rooms.items():
                 if timeline.membership != "invite":
-                    result.rooms[room_id] = _state_only(
-                        timeline, result.next_token, merge=since is not None
-                    )
+                    result.rooms[room_id] = _state_only(timeline, result.next_token)
         rooms = ctx.body["rooms"]
         join: dict[str, Any] = rooms["join"]
         invite: dict[str, Any] = rooms["invite"]
         leave: dict[str, Any] = rooms["leave"]
-        ignored = frozenset() if self.ignored is None else await self.ignored.of(user_id)
         left = [r for r, t in result.rooms.items() if t.membership in ("leave", "ban")]
         forgotten = await self.store.forgotten_rooms(user_id, left) if left else set()
         for room_id, timeline in result.rooms.items():
@@ -112,9 +116,11 @@ class RoomsSection(SyncSection):
             elif (
                 timeline.membership in ("leave", "ban")
                 and room_id not in forgotten
-                # Rooms left before the token only when the filter asks (spec:
-                # include_leave); a leave since the token is news, always sent.
-                and (since is not None or only.include_leave)
+                # A leave since the token is news, always sent. In an initial sync, a
+                # room the user left of their own accord only when the filter asks
+                # (spec: include_leave); one they were kicked or banned from always,
+                # as Synapse sends it (clients show "you were banned from ...").
+                and (since is not None or only.include_leave or not _left_by_self(timeline))
             ):
                 leave[room_id] = {
                     "timeline": _timeline(timeline, only, ignored),
@@ -203,27 +209,50 @@ class RoomsSection(SyncSection):
                 invite[timeline.room_id] = {"invite_state": events(timeline.state)}
 
 
-def _state_only(timeline: RoomTimeline, now: EventsToken, *, merge: bool) -> RoomTimeline:
+def _state_only(timeline: RoomTimeline, now: EventsToken) -> RoomTimeline:
     """A room of a sync whose timeline limit is 0: no timeline events, ``limited`` if
     there were any, and a ``prev_batch`` from where paginating back finds them. The
-    state is the state after them (spec: the state at the start of the, empty, timeline):
-    ``merge`` (incremental sync, whose state is the state before the events read) adds
-    their state events, later ones replacing earlier ones of the same key; an initial
-    sync's state is already the current state."""
-    state = list(timeline.state)
-    if merge:
-        by_key = {(e.get("type"), e.get("state_key")): e for e in state}
-        for event in timeline.events:
-            if "state_key" in event:
-                by_key[(event.get("type"), event.get("state_key"))] = event
-        state = list(by_key.values())
+    state is the state after them (spec: the state at the start of the, empty,
+    timeline): the state read (the state before the events) with their state events
+    added, later ones replacing earlier ones of the same key."""
+    by_key = {(e.get("type"), e.get("state_key")): e for e in timeline.state}
+    for event in timeline.events:
+        if "state_key" in event:
+            by_key[(event.get("type"), event.get("state_key"))] = event
     return replace(
         timeline,
         events=[],
         limited=timeline.limited or bool(timeline.events),
         prev_batch=now if timeline.events else timeline.prev_batch,
-        state=state,
+        state=list(by_key.values()),
     )
+
+
+def _left_by_self(timeline: RoomTimeline) -> bool:
+    """Whether the user's leave from a room was their own (a leave or a rejected
+    invite), not a kick, a ban or a withdrawn invite."""
+    event = timeline.member_event
+    if event is None or timeline.membership != "leave":
+        return False
+    return event.get("sender") == event.get("state_key")
+
+
+def _timeline_predicate(
+    only: RoomEventFilter, ignored: frozenset[str]
+) -> Callable[[Mapping[str, Any]], bool] | None:
+    """What the read path fills timelines with: the events the timeline filter keeps,
+    less the non-state events of ignored users (None: every event)."""
+    if only.allows_all and not ignored:
+        return None
+    if not ignored:
+        return only.matches
+
+    def keep(event: Mapping[str, Any]) -> bool:
+        if "state_key" not in event and event.get("sender") in ignored:
+            return False
+        return only.allows_all or only.matches(event)
+
+    return keep
 
 
 def _kept(only: EventFilter, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -232,9 +261,9 @@ def _kept(only: EventFilter, events: list[dict[str, Any]]) -> list[dict[str, Any
 
 
 def _timeline(timeline: RoomTimeline, only: SyncFilter, ignored: frozenset[str]) -> dict[str, Any]:
-    # The filter applies to the events read: a timeline of `limit` events of which
-    # some do not match is shorter, and `limited` with `prev_batch` before the first
-    # event read (so paginating back misses none that match). So do ignored users.
+    # The read path filled the timeline with the events the filter keeps (reading on
+    # past the others, within a bound) and left out ignored users' (see
+    # _timeline_predicate); applying both again here costs one pass over `limit` events.
     return {
         "events": hide_ignored(_kept(only.timeline, timeline.events), ignored),
         "limited": timeline.limited,
