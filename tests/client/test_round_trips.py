@@ -17,7 +17,7 @@ from roomstream.accounts.tokens import token_hash
 from roomstream.client import rooms as client_rooms
 from roomstream.client.notifier import NOTIFIER_READ
 from roomstream.storage import Database
-from tests.support.homeserver import Homeserver
+from tests.support.homeserver import Homeserver, signal_waits
 
 #: Background writes that fall into a window only by timing: the client IPs' batches and
 #: the stream ID generators' stores of their positions.
@@ -134,21 +134,13 @@ async def test_a_woken_sync_reads_only_the_new_events(homeserver: Homeserver) ->
     )
     since = (await homeserver.ok("GET", "/sync?timeout=0", token=bob.token))["next_batch"]
     await homeserver.engine.streams.flush()
-    notifier = homeserver.process.notifier
-    listening = asyncio.Event()
-    original_listen = notifier.listen
-
-    @contextmanager
-    def listen(user_id: str, room_ids: Any) -> Iterator[Any]:
-        with original_listen(user_id, room_ids) as waiter:
-            listening.set()
-            yield waiter
-
-    notifier.listen = listen  # type: ignore[method-assign]
+    # Counting starts once the sync has read, found nothing and waits (its first read's
+    # transactions, key counts included, must not fall into the window).
+    sync_waits = signal_waits(homeserver)
     waiting = asyncio.create_task(
         homeserver.ok("GET", f"/sync?timeout=30000&since={since}", token=bob.token)
     )
-    await listening.wait()
+    await sync_waits.wait()
     with counted_round_trips(homeserver.engine.db, with_notifier=True) as calls:
         await homeserver.ok(
             "PUT", f"/rooms/{room_id}/send/m.room.message/w", {"body": "hi"}, token=alice.token

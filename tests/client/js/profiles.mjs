@@ -3,45 +3,12 @@
 // events, and a user invited after setting a name is listed under it.
 // Usage: node profiles.mjs BASE_URL. Prints one JSON line of what the users saw; exits
 // non-zero with the reason on the first failure.
-import * as sdk from "matrix-js-sdk";
 import { logger } from "matrix-js-sdk/lib/logger.js";
 import { registeredClient } from "./accounts.mjs";
+import { waitFor } from "./wait.mjs";
 
 logger.setLevel("error");
 const baseUrl = process.argv[2];
-const WAIT_MS = 30000;
-const EVENTS = [
-  sdk.ClientEvent.Sync,
-  sdk.RoomEvent.Timeline,
-  sdk.RoomStateEvent.Events,
-  sdk.RoomMemberEvent.Name,
-  sdk.RoomMemberEvent.Membership,
-];
-
-// Resolves with check()'s first truthy value, re-checked whenever the client takes in a
-// sync, an event or a member change; rejects after WAIT_MS.
-function waitFor(client, what, check) {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      cleanup();
-      reject(new Error(`timed out waiting for ${what}`));
-    }, WAIT_MS);
-    const done = () => {
-      const value = check();
-      if (value) {
-        cleanup();
-        resolve(value);
-      }
-    };
-    const cleanup = () => {
-      clearTimeout(timer);
-      for (const name of EVENTS) client.off(name, done);
-    };
-    for (const name of EVENTS) client.on(name, done);
-    done();
-  });
-}
-
 async function syncing(name) {
   const client = await registeredClient(baseUrl, name);
   await client.startClient({ initialSyncLimit: 30 });

@@ -6,38 +6,10 @@
 import * as sdk from "matrix-js-sdk";
 import { logger } from "matrix-js-sdk/lib/logger.js";
 import { registeredClient } from "./accounts.mjs";
+import { waitFor } from "./wait.mjs";
 
 logger.setLevel("error");
 const baseUrl = process.argv[2];
-const WAIT_MS = 30000;
-
-function waitFor(client, what, check) {
-  // Re-checks whenever the client processes a sync or a timeline event.
-  return new Promise((resolve, reject) => {
-    const done = () => {
-      const value = check();
-      if (value) {
-        cleanup();
-        resolve(value);
-      }
-    };
-    const timer = setTimeout(() => {
-      cleanup();
-      reject(new Error(`timed out waiting for ${what}`));
-    }, WAIT_MS);
-    const cleanup = () => {
-      clearTimeout(timer);
-      client.off(sdk.ClientEvent.Sync, done);
-      client.off(sdk.RoomEvent.Timeline, done);
-      client.off(sdk.RoomEvent.MyMembership, done);
-    };
-    client.on(sdk.ClientEvent.Sync, done);
-    client.on(sdk.RoomEvent.Timeline, done);
-    client.on(sdk.RoomEvent.MyMembership, done);
-    done();
-  });
-}
-
 async function started(client, name) {
   await client.startClient({ initialSyncLimit: 20 });
   await waitFor(client, `${name}'s first sync`, () => client.isInitialSyncComplete());

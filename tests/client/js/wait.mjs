@@ -5,7 +5,8 @@ import * as sdk from "matrix-js-sdk";
 export const WAIT_MS = 60000;
 
 /** Resolves with check()'s first truthy value, re-checked on every sync, timeline event,
- * membership change and decryption of `client`; rejects after WAIT_MS. */
+ * state event, member change, redaction and decryption `client` takes in; rejects after
+ * WAIT_MS (and with check()'s own error if it throws). */
 export function waitFor(client, what, check) {
   return new Promise((resolve, reject) => {
     const done = () => {
@@ -32,6 +33,8 @@ export function waitFor(client, what, check) {
       sdk.RoomEvent.MyMembership,
       sdk.RoomEvent.Redaction,
       sdk.RoomStateEvent.Events,
+      sdk.RoomMemberEvent.Name,
+      sdk.RoomMemberEvent.Membership,
       sdk.MatrixEventEvent.Decrypted,
     ];
     const cleanup = () => {
