@@ -13,6 +13,7 @@ ephemeral data (written on their stream's writer through :mod:`~roomstream.clien
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,6 +66,8 @@ from roomstream.streams import InMemoryStream, StreamIdGenerator
 from roomstream.streams.rows import TypingRow
 
 __all__ = ["ClientApi", "ClientProcess", "build_client_api"]
+
+logger = logging.getLogger(__name__)
 
 
 class ClientProcess:
@@ -303,6 +306,11 @@ def _presence(
     if writer_name == config.instance_name or http_client is None or send_command is None:
         writer = PresenceWriter(store, timeouts, config.instance_name)
         return PresenceService(store, writer=writer, enabled=enabled)
+    if writer_name not in config.instances:
+        # The default writer (main) is not part of this deployment: nobody could track
+        # presence, so it is off here rather than failing every sync's relay.
+        logger.info("presence is off: its writer %s is not among the instances", writer_name)
+        return PresenceService(store, enabled=False)
     client = http_client
     sender = send_command
 

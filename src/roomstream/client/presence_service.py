@@ -11,7 +11,7 @@ the ``presence`` stream's one writer; every other process tells it what its clie
   per relay interval while it is unchanged), a device's first sync in progress sends
   ``USER_SYNC … start``, and its last one ending sends ``USER_SYNC … end`` once it has
   stayed ended for a while (a client's next long poll usually follows at once). Every
-  third of ``presence.process_expiry`` the devices still syncing are announced again, so
+  quarter of ``presence.process_expiry`` the devices still syncing are announced again, so
   the writer knows this process is alive; when the process stops it sends
   ``CLEAR_USER_SYNC``; when it dies without a word, the writer stops counting its syncs
   once it has been silent for ``process_expiry`` and its users time out.
@@ -223,7 +223,7 @@ class RemotePresence:
         self.end_delay_ms = min(10_000, timeouts.sync_online_ms // 3)
         #: How often an unchanged sync state is relayed again.
         self.relay_interval_ms = max(1, min(timeouts.sync_online_ms, timeouts.idle_ms) // 2)
-        self.keepalive_ms = max(1, timeouts.process_expiry_ms // 3)
+        self.keepalive_ms = max(1, timeouts.process_expiry_ms // 4)
         self._syncs: Counter[tuple[str, str | None]] = Counter()
         self._ending: dict[tuple[str, str | None], int] = {}
         self._relayed: dict[tuple[str, str | None], tuple[str, int]] = {}
