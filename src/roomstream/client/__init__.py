@@ -65,7 +65,7 @@ from roomstream.rooms.engine import RoomEngine
 from roomstream.streams import InMemoryStream, StreamIdGenerator
 from roomstream.streams.rows import TypingRow
 
-__all__ = ["ClientApi", "ClientProcess", "build_client_api"]
+__all__ = ["ClientApi", "ClientProcess", "build_client_api", "presence_timeouts"]
 
 logger = logging.getLogger(__name__)
 
