@@ -1,6 +1,6 @@
 """matrix-js-sdk shows presence: a syncing user's room-mate sees them online, then, once
 their client stops, unavailable and then offline after the server's timeouts (configured
-short here: 1.5 s idle, 3 s sync), against a real ``roomstream run`` on both engines."""
+short here: 1.5 s idle, 4 s sync), against a real ``roomstream run`` on both engines."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from roomstream.storage import DatabaseConfig
 from tests.support.homeserver import RunningServer, serve_roomstream
 from tests.support.js_sdk import JS_DIR, run_script
 
-IDLE_S, SYNC_S = 1.5, 3.0
+IDLE_S, SYNC_S = 1.5, 4.0
 #: alice's client long-polls for this long (tests/client/js/presence.mjs).
 POLL_S = 0.5
 
