@@ -7,6 +7,7 @@ sync timeout)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from roomstream.client import build_client_api
 from roomstream.config import PresenceConfig
 from roomstream.homeserver import open_room_engine
+from roomstream.replication.commands import ClearUserSyncCommand, UserSyncCommand
 from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
 from tests.support.homeserver import Homeserver, User, make_config
@@ -252,3 +254,38 @@ async def test_a_long_sync_keeps_a_user_from_going_offline(short_presence: Homes
         return (await hs.ok("GET", own, token=alice.token))["presence"] == "offline"
 
     await wait_for(offline, 30, "alice offline once her sync ended")
+
+
+async def test_another_process_syncing_keeps_a_user_online_until_it_clears(
+    short_presence: Homeserver,
+) -> None:
+    """The writer's side of USER_SYNC / CLEAR_USER_SYNC (what a reader sends)."""
+    hs = short_presence
+    writer = hs.process.presence.writer
+    assert writer is not None
+    alice = await hs.register("alice")
+    own = f"/presence/{alice.user_id}/status"
+    loop = asyncio.get_running_loop()
+
+    async def presence() -> str:
+        return str((await hs.ok("GET", own, token=alice.token))["presence"])
+
+    # What a reader relays at a sync's start, then its USER_SYNC (and our own echo,
+    # which the writer ignores: it counts its own syncs itself).
+    await writer.set_state(alice.user_id, alice.device_id, "online", is_sync=True)
+    now_ms = int(time.time() * 1000)
+    writer.on_command(UserSyncCommand("reader", alice.user_id, alice.device_id, True, now_ms))
+    writer.on_command(ClearUserSyncCommand(hs.config.instance_name))
+    # Past the sync timeout (idle makes her unavailable meanwhile), never offline.
+    until = loop.time() + SHORT.sync_timeout + 0.5
+    while loop.time() < until:
+        assert await presence() != "offline"
+        await asyncio.sleep(0.1)  # sampling an invariant, not waiting for an event
+    writer.on_command(ClearUserSyncCommand("reader"))
+    cleared = loop.time()
+    await wait_for(lambda: _is(presence, "offline"), 30, "alice offline after the clear")
+    assert loop.time() - cleared >= SHORT.sync_timeout - 0.2
+
+
+async def _is(read: Any, state: str) -> bool:
+    return bool(await read() == state)
