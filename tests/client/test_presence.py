@@ -17,7 +17,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from roomstream.client import build_client_api
+from roomstream.client import build_client_api, presence_timeouts
+from roomstream.client.presence_service import PresenceWriter
 from roomstream.config import PresenceConfig
 from roomstream.homeserver import open_room_engine
 from roomstream.replication.commands import ClearUserSyncCommand, UserSyncCommand
@@ -289,3 +290,34 @@ async def test_another_process_syncing_keeps_a_user_online_until_it_clears(
 
 async def _is(read: Any, state: str) -> bool:
     return bool(await read() == state)
+
+
+async def test_a_restarted_writer_times_out_the_users_it_restores(
+    short_presence: Homeserver,
+) -> None:
+    """States stored as online come back at start and time out unless their user syncs."""
+    hs = short_presence
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    store = hs.process.presence.store
+    before = hs.process.presence.writer
+    assert before is not None
+    for user in (alice, bob):
+        await before.set_state(user.user_id, user.device_id, "online", "here")
+    before.close()
+    restarted = PresenceWriter(store, presence_timeouts(SHORT), hs.config.instance_name)
+    await restarted.start()
+    try:
+        for user in (alice, bob):
+            assert restarted.machine.current(user.user_id).state == "online"
+        await restarted.sync_started(bob.user_id, bob.device_id, "online")
+
+        async def alice_offline() -> bool:
+            return (await store.current([alice.user_id]))[alice.user_id].state == "offline"
+
+        await wait_for(alice_offline, 30, "alice offline after the restart")
+        now = await store.current([alice.user_id, bob.user_id])
+        assert now[alice.user_id].status_msg == "here"  # kept while offline
+        assert now[bob.user_id].state != "offline"  # still syncing
+    finally:
+        restarted.close()
