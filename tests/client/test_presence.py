@@ -119,7 +119,8 @@ async def test_sync_shows_room_mates_presence_and_wakes_on_change(homeserver: Ho
     poll = asyncio.create_task(
         hs.ok("GET", f"/sync?since={since}&timeout=60000&set_presence=offline", token=bob.token)
     )
-    await asyncio.sleep(0)  # (the poll registers before the change; nothing waits on it)
+    # (Whether the poll is waiting or not yet started when the change lands, its
+    # answer is the same: the change is after its token.)
     body = {"presence": "unavailable", "status_msg": "away"}
     await hs.ok("PUT", f"/presence/{alice.user_id}/status", body, token=alice.token)
     woken = await asyncio.wait_for(poll, 30)
