@@ -55,6 +55,12 @@ Example (every key optional)::
       formatted_events: 20000      # ~0.5 KB per formatted one)
       sizes: {}                    # any other cache by name (roomstream.lru.CACHES,
                                    # docs/operations.md), e.g. {room_summaries: 50000}
+    presence:                      # Synapse's presence timeouts, in seconds
+      enabled: true
+      idle_timeout: 300            # online with no activity this long: unavailable
+      sync_timeout: 30             # not syncing nor active this long: offline
+      last_active_granularity: 60  # currently_active this long after activity
+      process_expiry: 300          # a silent process's syncing users time out after this
 """
 
 from __future__ import annotations
@@ -167,6 +173,22 @@ class CachesConfig:
 
 
 @dataclass(frozen=True)
+class PresenceConfig:
+    """Presence (roomstream.client.presence): Synapse's timeouts, in seconds."""
+
+    #: Track presence at all (false: nothing is tracked, everyone reads as offline).
+    enabled: bool = True
+    #: An online device with no activity for this long becomes unavailable.
+    idle_timeout: float = 300.0
+    #: A device neither syncing nor active for this long is gone (no device: offline).
+    sync_timeout: float = 30.0
+    #: A user counts as currently active this long after their last activity.
+    last_active_granularity: float = 60.0
+    #: A process that syncs users and says nothing for this long is taken for dead.
+    process_expiry: float = 300.0
+
+
+@dataclass(frozen=True)
 class RedisConfig:
     host: str = "127.0.0.1"
     port: int = 6379
@@ -186,6 +208,7 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     caches: CachesConfig = field(default_factory=CachesConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
+    presence: PresenceConfig = field(default_factory=PresenceConfig)
     enable_registration: bool = True
     #: The Client-Server API's public base URL (``http(s)://host[:port][/path]/``, always
     #: with a trailing slash); None: this instance's own client listener.
@@ -308,6 +331,9 @@ _POSITIVE = frozenset(
         "user_quota_period",
         "unused_expiration_time",
         "max_pending_uploads",
+        "sync_timeout",
+        "last_active_granularity",
+        "process_expiry",
     }
 )
 
@@ -428,6 +454,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
     caches = _section(CachesConfig, raw.get("caches"), "caches", problems)
     media = _media_section(raw.get("media"), problems)
     problems.extend(_cache_size_problems(caches, raw.get("caches") or {}))
+    presence = _section(PresenceConfig, raw.get("presence"), "presence", problems)
     enable_registration = raw.get("enable_registration", True)
     if not isinstance(enable_registration, bool):
         problems.append(f"enable_registration must be true or false, not {enable_registration!r}")
@@ -457,6 +484,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         http=http,
         caches=caches,
         media=media,
+        presence=presence,
     )
     data_dir_problem = _path_problem(data_dir, directory=True)
     if data_dir_problem and isinstance(raw.get("data_dir", "data"), str):
@@ -478,6 +506,10 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
                     f"stream_writers.{stream} names {name!r}, which is not among instances"
                     f" ({', '.join(sorted(instances)) or 'none'})"
                 )
+    if len(writers.get("presence", ())) > 1:
+        problems.append(
+            "stream_writers.presence must name one instance: presence has a single writer"
+        )
     problems.extend(_listener_problems(instances, replication))
     if problems:
         raise ConfigError(problems)

@@ -135,8 +135,13 @@ class Homeserver:
                 typing_stream=node.memory.get("typing"),
                 announce=node.broadcaster.notify,
                 invalidations_live=lambda: node.stream_live("caches"),
+                send_command=node.send_command,
             )
             node.listeners.append(self.client)
+            presence_writer = self.client.presence.writer
+            if presence_writer is not None:
+                node.command_listeners.append(presence_writer.on_command)
+            await self.client.start()
         if me.internal_port is not None:
             forwarded = self.client.forwarded.bindings() if self.client is not None else []
             self.internal = internal = InternalHttpServer(
@@ -164,6 +169,9 @@ class Homeserver:
             await self.client_http.close()
         if self.internal is not None:
             await self.internal.close()
+        if self.client is not None:
+            # Before replication stops: a relay says CLEAR_USER_SYNC on its way out.
+            self.client.presence.close()
         await self.replication.stop()
         if self.client is not None:
             with contextlib.suppress(Exception):  # logged by flush; the times are a nicety

@@ -35,6 +35,7 @@ def test_sections_are_registered_in_token_order() -> None:
         "to_device",
         "typing",
         "device_lists",
+        "presence",
     ]
     assert all(s.stream in STREAMS for s in SECTIONS)
 
@@ -48,29 +49,30 @@ def test_a_token_of_the_five_part_format_parses() -> None:
         5,
         6,
     ]
-    # Written again with every part: the device_lists part, missing, is 0.
+    # Written again with every part: the device_lists and presence parts, missing, are 0.
     assert token.position("device_lists") == 0
-    assert token.to_string() == "s12_3_4_5_6_0"
+    assert token.position("presence") == 0
+    assert token.to_string() == "s12_3_4_5_6_0_0"
 
 
-@given(_events_tokens, st.lists(_positions, min_size=5, max_size=5))
+@given(_events_tokens, st.lists(_positions, min_size=6, max_size=6))
 def test_tokens_round_trip(events: EventsToken, rest: list[int]) -> None:
     text = "_".join([events.to_string(), *map(str, rest)])
     assert SyncToken.parse(text).to_string() == text
     assert SyncToken.parse(text).events == events
 
 
-@given(_events_tokens, st.lists(_positions, max_size=4))
+@given(_events_tokens, st.lists(_positions, max_size=5))
 def test_missing_parts_are_zero(events: EventsToken, rest: list[int]) -> None:
     """A token issued before later sections existed: their parts are 0."""
     token = SyncToken.parse("_".join([events.to_string(), *map(str, rest)]))
-    expected = [*rest, *[0] * (5 - len(rest))]
+    expected = [*rest, *[0] * (6 - len(rest))]
     names = [s.name for s in SECTIONS[1:]]
     assert [token.position(n) for n in names] == expected
 
 
 @pytest.mark.parametrize(
-    "text", ["s1_2_3_4_5_6_7", "s1_x_3_4_5", "s1__3_4_5", "s1_2_3_4_-5", "nope_1", ""]
+    "text", ["s1_2_3_4_5_6_7_8", "s1_x_3_4_5", "s1__3_4_5", "s1_2_3_4_-5", "nope_1", ""]
 )
 def test_malformed_tokens_are_invalid_param(text: str) -> None:
     with pytest.raises(MatrixError) as raised:
@@ -102,10 +104,10 @@ class _Appended(SyncSection):
 
 def test_appending_a_section_keeps_old_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sync_module, "SECTIONS", (*SECTIONS, _Appended))
-    token = SyncToken.parse("s7_1_2_3_4_5")
+    token = SyncToken.parse("s7_1_2_3_4_5_6")
     assert token.position("appended") == 0
-    assert token.to_string() == "s7_1_2_3_4_5_0"
-    assert SyncToken.parse("s7_1_2_3_4_5_9").position("appended") == 9
+    assert token.to_string() == "s7_1_2_3_4_5_6_0"
+    assert SyncToken.parse("s7_1_2_3_4_5_6_9").position("appended") == 9
 
 
 # -- wake keys: the sections against the row formats read naively -----------------------
@@ -126,7 +128,7 @@ def _naive_keys(stream: str, row: list[Any]) -> list[str]:
                 keys.append("u" + state_key)
             return keys
         return ["r" + data[0]]
-    if stream == "account_data":
+    if stream in ("account_data", "presence"):
         return ["u" + row[0]]
     if stream in ("receipts", "typing"):
         return ["r" + row[0]]
@@ -156,6 +158,18 @@ _rows = st.one_of(
     ),
     st.tuples(st.just("to_device"), st.tuples(_id).map(list)),
     st.tuples(st.just("typing"), st.tuples(_id, st.lists(_id)).map(list)),
+    st.tuples(
+        st.just("presence"),
+        st.tuples(
+            _id,
+            st.sampled_from(["online", "unavailable", "offline"]),
+            st.integers(0, 2**50),
+            st.integers(0, 2**50),
+            st.integers(0, 2**50),
+            _opt_id,
+            st.booleans(),
+        ).map(list),
+    ),
     st.tuples(st.sampled_from(["caches", "backfill"]), st.lists(_opt_id, max_size=3)),
 )
 

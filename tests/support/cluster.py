@@ -25,9 +25,13 @@ Cluster = tuple[dict[str, ServerProcess], dict[str, Any]]
 
 @contextlib.asynccontextmanager
 async def run_cluster(
-    tmp_path: Path, pg_database: str, stream_writers: dict[str, list[str]]
+    tmp_path: Path,
+    pg_database: str,
+    stream_writers: dict[str, list[str]],
+    extra: dict[str, Any] | None = None,
 ) -> AsyncIterator[Cluster]:
-    """``w1``, ``w2`` (the events writers) and ``reader``, as processes."""
+    """``w1``, ``w2`` (the events writers) and ``reader``, as processes (``extra``: more
+    top-level configuration keys)."""
     schema = f"client_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
@@ -36,8 +40,14 @@ async def run_cluster(
         "data_dir": str(tmp_path / "data"),
         "database": {"engine": "postgres", "dsn": pg_database, "schema": schema},
         # No instance is called main (the default writer of unnamed streams): every stream
-        # a test writes is named here; device_lists because every logout writes to it.
-        "stream_writers": {"events": ["w1", "w2"], "device_lists": ["w1"], **stream_writers},
+        # a test writes is named here; device_lists because every logout writes to it,
+        # presence because every sync does.
+        "stream_writers": {
+            "events": ["w1", "w2"],
+            "device_lists": ["w1"],
+            "presence": ["w1"],
+            **stream_writers,
+        },
         "instances": {
             "w1": {
                 "replication_port": free_port(),
@@ -52,6 +62,7 @@ async def run_cluster(
             "reader": {"http_port": free_port(), "internal_port": free_port()},
         },
         "replication": {"transport": "redis"},
+        **(extra or {}),
     }
     config_path = tmp_path / "roomstream.yaml"
     config_path.write_text(yaml.safe_dump(raw))

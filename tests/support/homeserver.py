@@ -175,10 +175,11 @@ class ServerProcess:
 
 @asynccontextmanager
 async def serve_roomstream(
-    db_config: DatabaseConfig, tmp_path: Path
+    db_config: DatabaseConfig, tmp_path: Path, extra: dict[str, Any] | None = None
 ) -> AsyncIterator[RunningServer]:
-    """``roomstream run`` in a subprocess on free loopback ports, on the given database;
-    entered once it prints its ready line, stopped (and checked for errors) on exit."""
+    """``roomstream run`` in a subprocess on free loopback ports, on the given database
+    (``extra``: more top-level configuration keys); entered once it prints its ready
+    line, stopped (and checked for errors) on exit."""
     database: dict[str, Any] = {"engine": db_config.engine}
     if db_config.engine == "sqlite":
         database["path"] = str(tmp_path / "server.db")
@@ -197,6 +198,7 @@ async def serve_roomstream(
             }
         },
     }
+    config.update(extra or {})
     config_path = tmp_path / "roomstream.yaml"
     config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
     server = ServerProcess("-m", "roomstream.cli", "-c", str(config_path), "run")

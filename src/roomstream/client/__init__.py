@@ -15,6 +15,7 @@ for profiles (new membership events read them through the event creator's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,10 @@ from roomstream.client.legacy_routes import legacy_routes
 from roomstream.client.media_routes import media_routes
 from roomstream.client.notifier import Notifier
 from roomstream.client.openid_routes import openid_routes
+from roomstream.client.presence import PresenceTimeouts
+from roomstream.client.presence_routes import presence_routes
+from roomstream.client.presence_service import PresenceService, PresenceWriter, RemotePresence
+from roomstream.client.presence_store import PresenceStore
 from roomstream.client.profile_routes import profile_routes
 from roomstream.client.profiles import ProfileFanOut, ProfileService
 from roomstream.client.read_routes import read_routes
@@ -53,7 +58,7 @@ from roomstream.client.typing import TypingState, TypingWriter
 from roomstream.client.userdata import UserData
 from roomstream.client.userdata_routes import userdata_routes
 from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
-from roomstream.config import Config
+from roomstream.config import Config, PresenceConfig
 from roomstream.e2e import E2eKeys
 from roomstream.e2e.backup import KeyBackup
 from roomstream.e2e.service import Forward
@@ -61,13 +66,16 @@ from roomstream.media import MediaRepository, open_media
 from roomstream.reading import RoomReader
 from roomstream.replication import endpoints
 from roomstream.replication import endpoints as ep
+from roomstream.replication.commands import Command
 from roomstream.replication.http import InternalHttpClient
 from roomstream.replication.sharding import writer_for_room
 from roomstream.rooms.engine import RoomEngine
 from roomstream.streams import InMemoryStream, StreamIdGenerator
 from roomstream.streams.rows import TypingRow
 
-__all__ = ["ClientApi", "ClientProcess", "build_client_api"]
+__all__ = ["ClientApi", "ClientProcess", "build_client_api", "presence_timeouts"]
+
+logger = logging.getLogger(__name__)
 
 
 class ClientProcess:
@@ -82,8 +90,11 @@ class ClientProcess:
         typing_stream: InMemoryStream | None = None,
         announce: Callable[[str], None] | None = None,
         invalidations_live: Callable[[], bool] | None = None,
+        send_command: Callable[[Command, str], bool] | None = None,
     ) -> None:
-        """``invalidations_live``: whether the ``caches`` stream reaches this process as
+        """``send_command``: sends a replication command towards an instance (the
+        presence writer's ``USER_SYNC``); None: this process tells nobody of its syncs.
+        ``invalidations_live``: whether the ``caches`` stream reaches this process as
         it is written (replication's liveness); while it says no, tokens are read from
         the database (:class:`~roomstream.accounts.token_cache.TokenCache`). None: this
         process writes every invalidation itself."""
@@ -189,9 +200,11 @@ class ClientProcess:
             await keys.device_deleted(user_id, device_ids)
 
         self.accounts.devices_deleted_listeners.append(forget_devices)
+        #: Presence: the machine on the presence writer, the relay to it elsewhere.
+        self.presence = _presence(config, engine, http_client, send_command)
         #: What this process does for writes other processes forward to it.
         self.forwarded = ForwardedWrites(
-            self.accounts, self.rooms, self.userdata, self.typing, self.keys
+            self.accounts, self.rooms, self.userdata, self.typing, self.keys, self.presence.writer
         )
         #: The media repository (uploads, downloads, thumbnails).
         self.media: MediaRepository = open_media(config, engine.db)
@@ -219,8 +232,10 @@ class ClientProcess:
                         self.store,
                         ignored=self.ignored,
                         keys=self.keys,
+                        presence=self.presence.store,
                     ),
                     self.ignored,
+                    presence=self.presence,
                 ),
                 *sliding_sync_routes(
                     self.accounts,
@@ -231,6 +246,7 @@ class ClientProcess:
                         self.notifier,
                         keys=self.keys,
                     ),
+                    presence=self.presence,
                 ),
                 *directory_routes(self.accounts, DirectoryReader(engine.db), config.server_name),
                 *profile_routes(self.accounts, self.profiles),
@@ -249,6 +265,7 @@ class ClientProcess:
                 *device_routes(self.accounts, self.keys, self.client_ips),
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
                 *media_routes(self.accounts, self.media),
+                *presence_routes(self.accounts, self.presence),
             ],
             self.client_ips,
         )
@@ -271,13 +288,64 @@ class ClientProcess:
     def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None:
         self.notifier.on_replicated_position(stream_name, writer, position)
 
+    async def start(self) -> None:
+        """Start what runs in the background (presence: restoring states, the relay's
+        bookkeeping); the API serves without it (a fresh presence writer, no relay)."""
+        await self.presence.start()
+
     def close(self) -> None:
         self.media.close()
+        self.presence.close()
         self.client_ips.close()
         self.notifier.close()
         self.profiles.fanout.close()
         if self.typing is not None:
             self.typing.close()
+
+
+def presence_timeouts(config: PresenceConfig) -> PresenceTimeouts:
+    """The machine's timeouts (ms) from the configuration's (seconds)."""
+    return PresenceTimeouts(
+        idle_ms=round(config.idle_timeout * 1000),
+        sync_online_ms=round(config.sync_timeout * 1000),
+        last_active_granularity_ms=round(config.last_active_granularity * 1000),
+        process_expiry_ms=round(config.process_expiry * 1000),
+    )
+
+
+def _presence(
+    config: Config,
+    engine: RoomEngine,
+    http_client: InternalHttpClient | None,
+    send_command: Callable[[Command, str], bool] | None,
+) -> PresenceService:
+    """The presence writer's machine here, or the relay to the one writer (a process
+    that can reach neither writes presence itself, as a single process does)."""
+    store = PresenceStore(engine.db, engine.streams.generator("presence"))
+    timeouts = presence_timeouts(config.presence)
+    enabled = config.presence.enabled
+    writer_name = config.writers_of("presence")[0]
+    if writer_name == config.instance_name or http_client is None or send_command is None:
+        writer = PresenceWriter(store, timeouts, config.instance_name)
+        return PresenceService(store, writer=writer, enabled=enabled)
+    if writer_name not in config.instances:
+        # The default writer (main) is not part of this deployment: nobody could track
+        # presence, so it is off here rather than failing every sync's relay.
+        logger.info("presence is off: its writer %s is not among the instances", writer_name)
+        return PresenceService(store, enabled=False)
+    client = http_client
+    sender = send_command
+
+    async def relay(
+        user_id: str, device_id: str | None, presence: str, status_msg: str | None, is_sync: bool
+    ) -> None:
+        call = ep.PresenceCall(user_id, presence, device_id, status_msg, is_sync)
+        await forwarded_call(writer_name, client.call(ep.PRESENCE, writer_name, call))
+
+    remote = RemotePresence(
+        config.instance_name, timeouts, relay, lambda cmd: sender(cmd, writer_name)
+    )
+    return PresenceService(store, remote=remote, enabled=enabled)
 
 
 def _e2e_forward(config: Config, http_client: InternalHttpClient | None) -> Forward | None:
@@ -335,6 +403,7 @@ def build_client_api(
     typing_stream: InMemoryStream | None = None,
     announce: Callable[[str], None] | None = None,
     invalidations_live: Callable[[], bool] | None = None,
+    send_command: Callable[[Command, str], bool] | None = None,
 ) -> ClientProcess:
     """The Client-Server API of this instance; ``.api.install`` puts it on an app."""
     return ClientProcess(
@@ -344,4 +413,5 @@ def build_client_api(
         typing_stream=typing_stream,
         announce=announce,
         invalidations_live=invalidations_live,
+        send_command=send_command,
     )

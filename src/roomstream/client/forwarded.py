@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from roomstream.accounts import Accounts, Keep, Requester
+from roomstream.client.presence_service import PresenceWriter
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.typing import TypingWriter
 from roomstream.client.userdata import UserData
@@ -34,8 +35,10 @@ class ForwardedWrites:
         data: UserData,
         typing: TypingWriter | None,
         keys: E2eKeys | None = None,
+        presence: PresenceWriter | None = None,
     ) -> None:
         self.keys = keys
+        self.presence = presence
         self.accounts = accounts
         self.rooms = rooms
         self.data = data
@@ -53,6 +56,7 @@ class ForwardedWrites:
             ep.TO_DEVICE.bind(self.send_to_device),
             ep.TYPING.bind(self.set_typing),
             ep.E2E_KEYS.bind(self.e2e_keys),
+            ep.PRESENCE.bind(self.set_presence),
         ]
 
     async def create_room(self, call: ep.CreateRoomCall) -> str:
@@ -89,3 +93,10 @@ class ForwardedWrites:
         if self.keys is None:
             raise ServiceUnavailableError("this process serves no end-to-end keys")
         return await self.keys.perform(call.op, call.args)
+
+    async def set_presence(self, call: ep.PresenceCall) -> None:
+        if self.presence is None:
+            raise ServiceUnavailableError("this process does not write presence")
+        await self.presence.set_state(
+            call.user_id, call.device_id, call.presence, call.status_msg, is_sync=call.is_sync
+        )

@@ -16,6 +16,7 @@ from roomstream.client.filtering import (
     parse_sync_filter,
 )
 from roomstream.client.ignored import IgnoredUsers, hide_ignored
+from roomstream.client.presence_service import PresenceService
 from roomstream.client.request import json_response, query_bool, query_int
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
@@ -65,6 +66,8 @@ def read_routes(
     reader: RoomReader,
     sync_handler: SyncHandler,
     ignored_users: IgnoredUsers | None = None,
+    *,
+    presence: PresenceService | None = None,
 ) -> list[Route]:
     async def ignored_by(requester: Requester) -> frozenset[str]:
         if ignored_users is None:
@@ -78,15 +81,18 @@ def read_routes(
         set_presence = request.query.get("set_presence", "online")
         if set_presence not in ("online", "offline", "unavailable"):
             raise InvalidParamError("set_presence: online|offline|unavailable")
-        body = await sync_handler.sync(
-            requester,
-            SyncRequest(
-                since=SyncToken.parse(since_raw) if since_raw else None,
-                timeout_ms=query_int(request, "timeout", 0),
-                full_state=query_bool(request, "full_state"),
-                filter=sync_filter,
-            ),
+        sync_request = SyncRequest(
+            since=SyncToken.parse(since_raw) if since_raw else None,
+            timeout_ms=query_int(request, "timeout", 0),
+            full_state=query_bool(request, "full_state"),
+            filter=sync_filter,
         )
+        if presence is None:
+            return json_response(await sync_handler.sync(requester, sync_request))
+        # The device counts as syncing (and online, or as set_presence says) while
+        # the request lasts, as in Synapse.
+        async with presence.syncing(requester.user_id, requester.device_id, set_presence):
+            body = await sync_handler.sync(requester, sync_request)
         return json_response(body)
 
     async def messages(request: web.Request) -> web.Response:

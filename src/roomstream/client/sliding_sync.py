@@ -25,11 +25,14 @@ from aiohttp import web
 
 from roomstream.accounts import Accounts, Requester
 from roomstream.client.notifier import Notifier
+from roomstream.client.presence import ONLINE, PRESENCE_STATES
+from roomstream.client.presence_service import PresenceService
 from roomstream.client.request import json_response, read_json
 from roomstream.client.server import Route, authenticate
 from roomstream.client.typing import TypingState
 from roomstream.client.userdata import UserData
 from roomstream.e2e import E2eKeys
+from roomstream.errors import InvalidParamError
 from roomstream.events.types import EventTypes
 from roomstream.lru import LruCache
 from roomstream.reading import (
@@ -868,12 +871,23 @@ def _content_str(events: dict[str, Any], row: StateRow | None, key: str) -> str 
     return value if isinstance(value, str) and value else None
 
 
-def sliding_sync_routes(accounts: Accounts, handler: SlidingSyncHandler) -> list[Route]:
+def sliding_sync_routes(
+    accounts: Accounts, handler: SlidingSyncHandler, *, presence: PresenceService | None = None
+) -> list[Route]:
     async def sliding_sync(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         body = await read_json(request)
         parsed = parse_request(body, request.query)
-        return json_response(await handler.sync(requester, parsed))
+        set_presence = request.query.get("set_presence", ONLINE)
+        if set_presence not in PRESENCE_STATES:
+            raise InvalidParamError("set_presence: online|offline|unavailable")
+        if presence is None:
+            return json_response(await handler.sync(requester, parsed))
+        # As /sync: the device counts as syncing while the request lasts (Synapse's
+        # sliding sync does not track presence; MSC4186 has no presence extension).
+        async with presence.syncing(requester.user_id, requester.device_id, set_presence):
+            answer = await handler.sync(requester, parsed)
+        return json_response(answer)
 
     return [
         Route("POST", UNSTABLE_PATH, sliding_sync, absolute=True),

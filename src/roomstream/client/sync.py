@@ -2,7 +2,8 @@
 the rest from the per-user streams, all behind one opaque token, long-polled through the
 :class:`~roomstream.client.notifier.Notifier`.
 
-The token is ``<events>_<account_data>_<receipts>_<to_device>_<typing>_<device_lists>``:
+The token is
+``<events>_<account_data>_<receipts>_<to_device>_<typing>_<device_lists>_<presence>``:
 one part per section of :data:`~roomstream.client.sync_sections.SECTIONS`, in its order (the read
 path's events token, which never contains ``_``, then a position of each other stream).
 Each section fills its part of the response (:mod:`roomstream.client.sync_sections`);
@@ -21,6 +22,7 @@ from roomstream.accounts import Requester
 from roomstream.client.filtering import EMPTY_SYNC_FILTER, SyncFilter
 from roomstream.client.ignored import IgnoredUsers
 from roomstream.client.notifier import Notifier
+from roomstream.client.presence_store import PresenceStore
 from roomstream.client.store import ClientStore
 from roomstream.client.sync_sections import (
     SECTIONS,
@@ -122,11 +124,14 @@ class SyncHandler:
         store: ClientStore,
         ignored: IgnoredUsers | None = None,
         keys: E2eKeys | None = None,
+        presence: PresenceStore | None = None,
     ) -> None:
         self.reader = reader
         self.notifier = notifier
         #: The sections, in token order (:data:`SECTIONS`).
-        self.sections = build_sections(SyncServices(reader, userdata, typing, store, ignored, keys))
+        self.sections = build_sections(
+            SyncServices(reader, userdata, typing, store, ignored, keys, presence)
+        )
         #: (user, device) -> lazy-loaded members it was sent (most recent last).
         self._sent_members: LruCache[tuple[str, str], _SentMembers] = LruCache("sync_sent_members")
 

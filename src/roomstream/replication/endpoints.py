@@ -70,6 +70,8 @@ __all__ = [
     "MAX_UPDATES_LIMIT",
     "OMIT_NONE",
     "PATH",
+    "PRESENCE",
+    "PRESENCE_STATES",
     "RECEIPT",
     "SEND",
     "SEND_EVENT",
@@ -87,6 +89,7 @@ __all__ = [
     "HealthCall",
     "Id",
     "InternalEndpoint",
+    "PresenceCall",
     "ReceiptCall",
     "SendCall",
     "SendEventCall",
@@ -532,6 +535,28 @@ E2E_KEYS = InternalEndpoint[E2eKeysCall, Any](
     "e2e_keys", "device_lists", E2eKeysCall, answer="result"
 )
 
+#: The presence states a client may set (roomstream.client.presence.PRESENCE_STATES).
+PRESENCE_STATES = ("online", "unavailable", "offline")
+
+
+@dataclass(frozen=True)
+class PresenceCall:
+    """A device's presence for the presence writer: ``PUT /presence/{userId}/status``
+    (``status_msg`` None clears it), or a sync's ``set_presence`` (``is_sync``)."""
+
+    user_id: UserId
+    presence: Identifier
+    device_id: Annotated[str | None, OMIT_NONE] = None
+    status_msg: Annotated[str | None, OMIT_NONE] = None
+    is_sync: bool = False
+
+    def __post_init__(self) -> None:
+        if self.presence not in PRESENCE_STATES:
+            raise InvalidParamError("presence: online|unavailable|offline")
+
+
+PRESENCE = InternalEndpoint[PresenceCall, None]("presence", "presence", PresenceCall)
+
 #: Every forwarded Client-Server API write; the internal server registers each.
 CLIENT_WRITES: tuple[InternalEndpoint[Any, Any], ...] = (
     CREATE_ROOM,
@@ -542,6 +567,7 @@ CLIENT_WRITES: tuple[InternalEndpoint[Any, Any], ...] = (
     TO_DEVICE,
     TYPING,
     E2E_KEYS,
+    PRESENCE,
 )
 
 

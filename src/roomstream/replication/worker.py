@@ -38,6 +38,7 @@ from roomstream import metrics
 from roomstream.caches import STATE_CACHE_GROUP, CacheGroup, CacheRegistry
 from roomstream.config import Config, ConfigError
 from roomstream.replication import endpoints as ep
+from roomstream.replication.commands import Command
 from roomstream.replication.endpoints import BoundEndpoint
 from roomstream.replication.follower import StreamFollower
 from roomstream.replication.http import InternalHttpClient, StreamTooOldHttpError
@@ -163,6 +164,8 @@ class ReplicationNode:
         self.redis: RedisReplication | None = None
         #: Told of every replicated row and position (see :class:`ReplicatedDataListener`).
         self.listeners: list[ReplicatedDataListener] = []
+        #: Told of every other command a peer sends (USER_SYNC, CLEAR_USER_SYNC, ...).
+        self.command_listeners: list[Callable[[Command], None]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         #: The Prometheus registry of this instance (served on the internal listener).
@@ -272,13 +275,14 @@ class ReplicationNode:
                 broadcaster=self.broadcaster,
                 max_outbound_lines=config.replication.max_outbound_lines,
                 after_batch=self._recorder.flush,
+                on_command=self._on_command,
             )
             await self.redis.start()
         else:
             replication_port = me.replication_port
             if self.broadcaster.stream_names and replication_port is not None:
                 self.server = server = ReplicationServer(
-                    config.server_name, self.broadcaster, self.settings
+                    config.server_name, self.broadcaster, self.settings, on_command=self._on_command
                 )
                 port = await start_listener(
                     config,
@@ -307,6 +311,23 @@ class ReplicationNode:
                 self._client_of[name] = client
         self._flusher = asyncio.create_task(self._flush_loop())
         self._watcher = asyncio.create_task(self._watch_replication())
+
+    def _on_command(self, cmd: Command) -> None:
+        for listener in self.command_listeners:
+            try:
+                listener(cmd)
+            except Exception:
+                logger.exception("handling replication command %s failed", cmd.NAME)
+
+    def send_command(self, cmd: Command, instance: str) -> bool:
+        """Send a client command (USER_SYNC, ...) towards ``instance``: on the TCP
+        connection following it, or on the Redis channel (every process hears it).
+        False when there is no way to send it now (it is not queued)."""
+        if self.redis is not None:
+            self.redis.send(cmd)
+            return True
+        client = self._client_of.get(instance)
+        return client is not None and client.send(cmd)
 
     async def _flush_loop(self) -> None:
         while True:

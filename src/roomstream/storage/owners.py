@@ -68,6 +68,7 @@ TABLE_OWNERS: Mapping[str, str] = {
     "receipts": "roomstream.client.userdata",
     "device_inbox": "roomstream.client.userdata",
     "to_device_transactions": "roomstream.client.userdata",
+    "presence_stream": "roomstream.client.presence_store",
     # End-to-end encryption: device keys, cross-signing, key backup, device lists.
     "e2e_device_keys": "roomstream.e2e.device_keys_store",
     "e2e_one_time_keys": "roomstream.e2e.device_keys_store",

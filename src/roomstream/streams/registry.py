@@ -196,9 +196,52 @@ TYPING = StreamDefinition(
     description="Who is typing in a room; held in the writer's memory, not in tables.",
 )
 
+PRESENCE = StreamDefinition(
+    name="presence",
+    row_fields=(
+        "user_id",
+        "state",
+        "last_active_ts",
+        "last_federation_update_ts",
+        "last_user_sync_ts",
+        "status_msg",
+        "currently_active",
+    ),
+    sequence="presence_stream_sequence",
+    description=(
+        "Users' presence (online, unavailable, offline), each row the user's whole state; "
+        "a user's older rows are deleted when a newer one is written, as in Synapse."
+    ),
+    tables=(
+        StreamTable(
+            StreamTableRef("presence_stream"),
+            (
+                "user_id",
+                "state",
+                "last_active_ts",
+                "last_federation_update_ts",
+                "last_user_sync_ts",
+                "status_msg",
+                "currently_active",
+            ),
+            lambda r: (*r[:6], _bool(r[6])),
+        ),
+    ),
+)
+
 STREAMS: dict[str, StreamDefinition] = {
     s.name: s
-    for s in (EVENTS, BACKFILL, CACHES, ACCOUNT_DATA, RECEIPTS, TO_DEVICE, DEVICE_LISTS, TYPING)
+    for s in (
+        EVENTS,
+        BACKFILL,
+        CACHES,
+        ACCOUNT_DATA,
+        RECEIPTS,
+        TO_DEVICE,
+        DEVICE_LISTS,
+        TYPING,
+        PRESENCE,
+    )
 }
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "DeviceListsRow",
     "EventRow",
     "EventsRow",
+    "PresenceRow",
     "ReceiptsRow",
     "StateRow",
     "ToDeviceRow",
@@ -145,6 +146,25 @@ class DeviceListsRow(NamedTuple):
 
     @classmethod
     def from_wire(cls, row: Sequence[Any]) -> DeviceListsRow:
+        return cls._make(row)
+
+    def to_wire(self) -> tuple[Any, ...]:
+        return tuple(self)
+
+
+class PresenceRow(NamedTuple):
+    """A ``presence`` row: a user's whole presence state (timestamps in ms, 0: never)."""
+
+    user_id: str
+    state: str
+    last_active_ts: int
+    last_federation_update_ts: int
+    last_user_sync_ts: int
+    status_msg: str | None
+    currently_active: bool
+
+    @classmethod
+    def from_wire(cls, row: Sequence[Any]) -> PresenceRow:
         return cls._make(row)
 
     def to_wire(self) -> tuple[Any, ...]:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Self
 
 from roomstream.client.filtering import SyncFilter
 from roomstream.client.ignored import IgnoredUsers
+from roomstream.client.presence_store import PresenceStore
 from roomstream.client.store import ClientStore
 from roomstream.client.typing import TypingState
 from roomstream.client.userdata import UserData
@@ -83,6 +84,8 @@ class SyncServices:
     ignored: IgnoredUsers | None = None
     #: Device keys and the device_lists stream (None: no end-to-end encryption).
     keys: E2eKeys | None = None
+    #: The presence stream's table (None: no presence in /sync).
+    presence: PresenceStore | None = None
 
 
 @dataclass
