@@ -128,8 +128,11 @@ def _naive_keys(stream: str, row: list[Any]) -> list[str]:
                 keys.append("u" + state_key)
             return keys
         return ["r" + data[0]]
-    if stream in ("account_data", "presence"):
+    if stream == "account_data":
         return ["u" + row[0]]
+    if stream in ("device_lists", "presence"):
+        # The user's syncs and those of everyone sharing a room with the user.
+        return ["u" + row[0], "s" + row[0]]
     if stream in ("receipts", "typing"):
         return ["r" + row[0]]
     if stream == "to_device":
@@ -170,6 +173,7 @@ _rows = st.one_of(
             st.booleans(),
         ).map(list),
     ),
+    st.tuples(st.just("device_lists"), st.tuples(_id).map(list)),
     st.tuples(st.sampled_from(["caches", "backfill"]), st.lists(_opt_id, max_size=3)),
 )
 
