@@ -48,6 +48,7 @@ from roomstream.client.presence_store import PresenceStore
 from roomstream.client.profile_routes import profile_routes
 from roomstream.client.profiles import ProfileFanOut, ProfileService
 from roomstream.client.read_routes import read_routes
+from roomstream.client.relations_routes import relations_routes
 from roomstream.client.room_routes import room_routes
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import ClientApi
@@ -237,6 +238,7 @@ class ClientProcess:
                     self.ignored,
                     presence=self.presence,
                 ),
+                *relations_routes(self.accounts, self.reader, self.ignored),
                 *sliding_sync_routes(
                     self.accounts,
                     SlidingSyncHandler(

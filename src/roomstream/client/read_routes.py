@@ -17,6 +17,7 @@ from roomstream.client.filtering import (
 )
 from roomstream.client.ignored import IgnoredUsers, hide_ignored
 from roomstream.client.presence_service import PresenceService
+from roomstream.client.relations_routes import bundle_aggregations
 from roomstream.client.request import json_response, query_bool, query_int
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
@@ -130,6 +131,7 @@ def read_routes(
         events = hide_ignored(chunk.events, await ignored_by(requester))
         if not event_filter.allows_all:
             events = [e for e in events if event_filter.matches(e)]
+        await bundle_aggregations(reader, requester, events)
         body: dict[str, Any] = {"chunk": events, "start": chunk.start.to_string()}
         if chunk.end is not None:
             body["end"] = chunk.end.to_string()
@@ -158,11 +160,14 @@ def read_routes(
         if not hide_ignored([found.event], ignored):
             # Hidden from this user as an event they may not see (Synapse: 403).
             raise ForbiddenError("you may not see that event")
+        before = hide_ignored(found.events_before, ignored)
+        after = hide_ignored(found.events_after, ignored)
+        await bundle_aggregations(reader, requester, [found.event, *before, *after])
         return json_response(
             {
                 "event": found.event,
-                "events_before": hide_ignored(found.events_before, ignored),
-                "events_after": hide_ignored(found.events_after, ignored),
+                "events_before": before,
+                "events_after": after,
                 "start": found.start.to_string(),
                 "end": found.end.to_string(),
                 "state": found.state,
@@ -190,6 +195,7 @@ def read_routes(
         )
         if event is None or event.get("room_id") != request.match_info["room_id"]:
             raise NotFoundError("event not found")
+        await bundle_aggregations(reader, requester, [event])
         return json_response(event)
 
     async def full_state(request: web.Request) -> web.Response:

@@ -139,6 +139,27 @@ TABLES: tuple[TableCopy, ...] = (
         ("room_id", "user_id", "topological_ordering", "stream_ordering", "membership"),
         (("stream_ordering", SO),),
     ),
+    # The relations index (roomstream.reading.relations).
+    TableCopy(
+        "event_relations",
+        (
+            "event_id",
+            "room_id",
+            "relates_to_id",
+            "relation_type",
+            "aggregation_key",
+            "event_type",
+            "sender",
+            "topological_ordering",
+            "stream_ordering",
+        ),
+        (("stream_ordering", SO),),
+    ),
+    TableCopy(
+        "threads",
+        ("room_id", "thread_id", "latest_event_id", "topological_ordering", "stream_ordering"),
+        (("stream_ordering", SO),),
+    ),
 )
 
 

@@ -8,6 +8,7 @@ Each read lives in a module named for it, with its SQL:
 - :mod:`~roomstream.reading.pagination`: pagination (``/messages``), latest pages;
 - :mod:`~roomstream.reading.context`: context around an event;
 - :mod:`~roomstream.reading.members`: members at a point;
+- :mod:`~roomstream.reading.relations`: relations, threads, bundled aggregations;
 - :mod:`~roomstream.reading.room_state`: a room's state as a user may see it, and the
   state at events and tokens;
 - :mod:`~roomstream.reading.events`: single events, and the formatting cache every read
@@ -36,6 +37,7 @@ from roomstream.reading.events import EventFormatter, SingleEvents
 from roomstream.reading.latest_rooms import LatestRooms
 from roomstream.reading.members import Members
 from roomstream.reading.pagination import Pagination
+from roomstream.reading.relations import RelationReads
 from roomstream.reading.room_state import RoomStateReads
 from roomstream.reading.summaries import RoomSummaries
 from roomstream.reading.timeline import NewEvents
@@ -107,6 +109,11 @@ class RoomReader:
         self.members = Members(db, formatter).members
         #: A room's state as a user may see it (reading.room_state).
         self.room_state_for = RoomStateReads(db, formatter).room_state_for
+        #: Relations, threads and bundled aggregations (reading.relations).
+        relations = RelationReads(db, formatter)
+        self.relations = relations.relations
+        self.threads = relations.threads
+        self.relation_aggregations = relations.aggregations
         #: Single events (reading.events).
         self.get_event = single.get_event
         self.is_visible = single.is_visible

@@ -1,0 +1,463 @@
+"""Relations: threads, edits, reactions, references (``m.relates_to``).
+
+Recorded when events are persisted (:class:`RelationsRecorder`, a persist participant:
+the client API's sends, federation and the Spark import all persist through it), read
+through the visibility records like every other read (:class:`RelationReads`): a user
+is served, counted or shown the latest of only the relations they may see, and never
+one whose event was redacted.
+
+Tables (``storage/schema/0016_relations.sql``): ``event_relations`` (one row per
+timeline event with a well-formed ``m.relates_to``) and ``threads`` (each thread root's
+latest ``m.thread`` relation, the order of ``/threads``).
+
+Where the spec leaves a choice we do what Synapse does: ``recurse`` follows relations
+:data:`MAX_RECURSION_DEPTH` levels deep, applying the ``rel_type``/``event_type``
+filters at every level; bundled aggregations are ``m.thread`` (``latest_event``,
+``count``, ``current_user_participated``) and ``m.reference`` (``chunk`` of event IDs),
+never edits (spec v1.7+) and never for state or redacted events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
+from roomstream.reading.events import EventRead, _Loaded
+from roomstream.reading.format import ClientEvent
+from roomstream.reading.timeline_rows import (
+    _COLUMNS,
+    MAX_POSITION,
+    MIN_POSITION,
+    _check_limit,
+    _chunks,
+    _load_views_txn,
+    _marks,
+    _point_txn,
+    _Row,
+    _timeline_row_txn,
+    _to_row,
+    _View,
+)
+from roomstream.reading.tokens import PaginationToken, RoomPosition
+from roomstream.reading.visibility import WORLD_READABLE
+from roomstream.rooms.participants import TimelineInput
+from roomstream.storage import Transaction
+
+__all__ = [
+    "MAX_RECURSION_DEPTH",
+    "RelationReads",
+    "RelationsChunk",
+    "RelationsRecorder",
+    "ThreadsChunk",
+    "relation_of",
+]
+
+#: How many levels of relations ``recurse=true`` follows (Synapse's, as MSC3981 asks).
+MAX_RECURSION_DEPTH = 3
+
+THREAD = "m.thread"
+REFERENCE = "m.reference"
+ANNOTATION = "m.annotation"
+
+#: Relation events read per statement while filling a page (most are visible).
+_BATCH = 100
+
+
+def relation_of(content: Mapping[str, Any]) -> tuple[str, str, str | None] | None:
+    """``(rel_type, parent event ID, aggregation key)`` of an event's content, or None
+    unless ``m.relates_to`` is an object with string ``rel_type`` and ``event_id``
+    (a plain rich reply, ``m.in_reply_to`` alone, is no relation: as Synapse)."""
+    relation = content.get("m.relates_to")
+    if not isinstance(relation, dict):
+        return None
+    rel_type, parent = relation.get("rel_type"), relation.get("event_id")
+    if not isinstance(rel_type, str) or not isinstance(parent, str):
+        return None
+    key = relation.get("key") if rel_type == ANNOTATION else None
+    return rel_type, parent, key if isinstance(key, str) else None
+
+
+class RelationsRecorder:
+    """The persist participant that indexes relations (see rooms.participants).
+
+    Invariant: every timeline event (not outlier, rejected or soft-failed) whose content
+    :func:`relation_of` accepts has its ``event_relations`` row, committed with the
+    event; and ``threads`` holds, per thread root, the latest such ``m.thread`` row.
+    Idempotent (a retried batch writes nothing twice). Holds no memory, so one may be
+    shared; each persister gets its own anyway."""
+
+    def record_txn(self, txn: Transaction, room_id: str, items: Sequence[TimelineInput]) -> None:
+        rows = []
+        for item in items:
+            if not item.in_timeline:
+                continue
+            event = item.event
+            found = relation_of(event.content)
+            if found is None:
+                continue
+            rel_type, parent, key = found
+            rows.append(
+                (
+                    event.event_id,
+                    room_id,
+                    parent,
+                    rel_type,
+                    key,
+                    event.type,
+                    event.sender,
+                    event.depth,
+                    item.stream_ordering,
+                )
+            )
+        if not rows:
+            return
+        txn.executemany(
+            "INSERT INTO event_relations (event_id, room_id, relates_to_id, relation_type,"
+            " aggregation_key, event_type, sender, topological_ordering, stream_ordering)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING",
+            rows,
+        )
+        txn.executemany(
+            "INSERT INTO threads (room_id, thread_id, latest_event_id, topological_ordering,"
+            " stream_ordering) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (room_id, thread_id) DO UPDATE SET"
+            " latest_event_id = excluded.latest_event_id,"
+            " topological_ordering = excluded.topological_ordering,"
+            " stream_ordering = excluded.stream_ordering"
+            " WHERE (excluded.topological_ordering, excluded.stream_ordering)"
+            " > (threads.topological_ordering, threads.stream_ordering)",
+            [(r[1], r[2], r[0], r[7], r[8]) for r in rows if r[3] == THREAD],
+        )
+
+
+@dataclass
+class RelationsChunk:
+    """A page of ``/relations``: ``events`` in the order asked; ``next_batch`` (None: no
+    more); ``recursion_depth`` when ``recurse`` was asked."""
+
+    events: list[ClientEvent]
+    next_batch: RoomPosition | None
+    recursion_depth: int | None = None
+
+
+@dataclass
+class ThreadsChunk:
+    """A page of ``/threads``: thread roots, latest activity first; ``next_batch``."""
+
+    events: list[ClientEvent]
+    next_batch: RoomPosition | None
+
+
+def _relation_filters(rel_type: str | None, event_type: str | None) -> tuple[str, list[Any]]:
+    sql, params = "", []
+    if rel_type is not None:
+        sql += " AND r.relation_type = ?"
+        params.append(rel_type)
+    if event_type is not None:
+        sql += " AND r.event_type = ?"
+        params.append(event_type)
+    return sql, params
+
+
+class RelationReads(EventRead):
+    """``/relations``, ``/threads`` and the bundled aggregations, as a user may see them."""
+
+    async def relations(
+        self,
+        user_id: str,
+        room_id: str,
+        event_id: str,
+        *,
+        rel_type: str | None = None,
+        event_type: str | None = None,
+        direction: Literal["b", "f"] = "b",
+        from_token: PaginationToken | None = None,
+        to_token: PaginationToken | None = None,
+        limit: int = 5,
+        recurse: bool = False,
+        device_id: str | None = None,
+    ) -> RelationsChunk:
+        """The relations of ``event_id`` the user may see, in topological order (newest
+        first for ``b``), ``limit`` from ``from_token``, stopping at ``to_token``.
+
+        ``M_FORBIDDEN`` unless the user is joined or departed or the room is
+        ``world_readable`` now (as ``/messages``); ``M_NOT_FOUND`` unless the parent is
+        an event of the room the user may see. Redacted relations are left out."""
+        _check_limit(limit)
+        if direction not in ("b", "f"):
+            raise InvalidParamError("dir must be b or f")
+        if event_type is not None and rel_type is None:
+            raise InvalidParamError("an event type needs a relation type")
+        backwards = direction == "b"
+        rows, loaded = await self.db.run_interaction(
+            "relations",
+            self._relations_txn, user_id, room_id, event_id, rel_type, event_type, backwards,
+            from_token, to_token, limit, recurse, device_id,
+        )  # fmt: skip
+        self._complete(loaded)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        events = self._format_rows(rows, loaded, self._now())
+        next_batch = None
+        if more:
+            last = rows[-1]
+            next_batch = (
+                RoomPosition.of_event(last.topo, last.stream)
+                if backwards
+                else RoomPosition.after_event(last.topo, last.stream)
+            )
+        return RelationsChunk(events, next_batch, MAX_RECURSION_DEPTH if recurse else None)
+
+    def _relations_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        room_id: str,
+        event_id: str,
+        rel_type: str | None,
+        event_type: str | None,
+        backwards: bool,
+        from_token: PaginationToken | None,
+        to_token: PaginationToken | None,
+        limit: int,
+        recurse: bool,
+        device_id: str | None,
+    ) -> tuple[list[_Row], _Loaded]:
+        view = _readable_view_txn(txn, user_id, room_id)
+        parent = _timeline_row_txn(txn, event_id)
+        if parent is None or parent[0] != room_id or not view.visible(parent[1]):
+            raise NotFoundError(f"no event {event_id} in {room_id}")
+        point = _point_txn(txn, room_id, from_token, MAX_POSITION if backwards else MIN_POSITION)
+        bound = _point_txn(txn, room_id, to_token, MIN_POSITION if backwards else MAX_POSITION)
+        low, high = (bound, point) if backwards else (point, bound)
+        filters, filter_params = _relation_filters(rel_type, event_type)
+        order = "DESC" if backwards else "ASC"
+        if recurse:
+            # Every level filtered as the top one (MSC3981), MAX_RECURSION_DEPTH deep.
+            source = (
+                "WITH RECURSIVE related (event_id, depth) AS ("
+                " SELECT r.event_id, 1 FROM event_relations r"
+                f" WHERE r.relates_to_id = ? AND r.room_id = ?{filters}"
+                " UNION ALL SELECT r.event_id, related.depth + 1 FROM event_relations r"
+                " JOIN related ON r.relates_to_id = related.event_id"
+                f" WHERE related.depth < ? AND r.room_id = ?{filters})"
+                " SELECT r.topological_ordering, r.stream_ordering, "
+                f"{_COLUMNS} FROM related JOIN event_relations r ON r.event_id = related.event_id"
+                " JOIN timeline_events t ON t.event_id = r.event_id WHERE 1 = 1"
+            )
+            params: list[Any] = [
+                event_id, room_id, *filter_params, MAX_RECURSION_DEPTH, room_id, *filter_params
+            ]  # fmt: skip
+        else:
+            source = (
+                "SELECT r.topological_ordering, r.stream_ordering, "
+                f"{_COLUMNS} FROM event_relations r"
+                " JOIN timeline_events t ON t.event_id = r.event_id"
+                f" WHERE r.relates_to_id = ? AND r.room_id = ?{filters}"
+            )
+            params = [event_id, room_id, *filter_params]
+        rows: list[_Row] = []
+        while low < high and len(rows) <= limit:
+            sql = (
+                f"{source} AND (r.topological_ordering, r.stream_ordering) >= (?, ?)"
+                " AND (r.topological_ordering, r.stream_ordering) < (?, ?)"
+                f" ORDER BY r.topological_ordering {order}, r.stream_ordering {order} LIMIT ?"
+            )
+            batch = [
+                _to_row(r[2:])
+                for r in txn.query(sql, [*params, low[0], low[1], high[0], high[1], _BATCH])
+            ]
+            rows.extend(r for r in batch if r.redacted_by is None and view.visible(r))
+            if len(batch) < _BATCH:
+                break
+            last = batch[-1]
+            if backwards:
+                high = last.position
+            else:
+                low = (last.topo, last.stream + 1)
+        rows = rows[: limit + 1]
+        return rows, self._load_txn(txn, rows[:limit], (), user_id, device_id)
+
+    async def threads(
+        self,
+        user_id: str,
+        room_id: str,
+        *,
+        include: Literal["all", "participated"] = "all",
+        from_token: RoomPosition | None = None,
+        limit: int = 5,
+        device_id: str | None = None,
+    ) -> ThreadsChunk:
+        """The room's thread roots the user may see, latest thread activity first;
+        ``participated``: only those the user started or replied to. Access as
+        :meth:`relations`."""
+        _check_limit(limit)
+        if include not in ("all", "participated"):
+            raise InvalidParamError("include must be all or participated")
+        rows, latest, loaded = await self.db.run_interaction(
+            "threads",
+            self._threads_txn,
+            user_id,
+            room_id,
+            include == "participated",
+            from_token,
+            limit,
+            device_id,
+        )
+        self._complete(loaded)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        events = self._format_rows(rows, loaded, self._now())
+        next_batch = None
+        if more:
+            next_batch = RoomPosition.of_event(*latest[rows[-1].event_id])
+        return ThreadsChunk(events, next_batch)
+
+    def _threads_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        room_id: str,
+        participated: bool,
+        from_token: RoomPosition | None,
+        limit: int,
+        device_id: str | None,
+    ) -> tuple[list[_Row], dict[str, tuple[int, int]], _Loaded]:
+        view = _readable_view_txn(txn, user_id, room_id)
+        high = MAX_POSITION if from_token is None else from_token.as_tuple()
+        mine = ""
+        mine_params: list[Any] = []
+        if participated:
+            mine = (
+                " AND (EXISTS (SELECT 1 FROM event_relations m WHERE m.relates_to_id = h.thread_id"
+                " AND m.relation_type = 'm.thread' AND m.sender = ? AND m.room_id = h.room_id"
+                # A redacted reply is no participation (it left the thread).
+                " AND NOT EXISTS (SELECT 1 FROM events x WHERE x.event_id = m.event_id"
+                " AND x.redacted_by IS NOT NULL))"
+                " OR EXISTS (SELECT 1 FROM events e WHERE e.event_id = h.thread_id"
+                " AND e.sender = ?))"
+            )
+            mine_params = [user_id, user_id]
+        rows: list[_Row] = []
+        latest: dict[str, tuple[int, int]] = {}
+        while len(rows) <= limit:
+            batch = txn.query(
+                f"SELECT h.topological_ordering, h.stream_ordering, {_COLUMNS}"
+                " FROM threads h JOIN timeline_events t ON t.event_id = h.thread_id"
+                " WHERE h.room_id = ? AND t.room_id = h.room_id"
+                f" AND (h.topological_ordering, h.stream_ordering) < (?, ?){mine}"
+                " ORDER BY h.topological_ordering DESC, h.stream_ordering DESC LIMIT ?",
+                [room_id, high[0], high[1], *mine_params, _BATCH],
+            )
+            for r in batch:
+                row = _to_row(r[2:])
+                if view.visible(row):
+                    rows.append(row)
+                    latest[row.event_id] = (int(r[0]), int(r[1]))
+            if len(batch) < _BATCH:
+                break
+            high = (int(batch[-1][0]), int(batch[-1][1]))
+        rows = rows[: limit + 1]
+        return rows, latest, self._load_txn(txn, rows[:limit], (), user_id, device_id)
+
+    async def aggregations(
+        self, user_id: str, events: Iterable[ClientEvent], *, device_id: str | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Event ID -> its ``unsigned["m.relations"]`` for those of ``events`` (served to
+        the user already) that have visible, unredacted ``m.thread`` or ``m.reference``
+        relations. State and redacted events get none (as Synapse)."""
+        parents: dict[str, tuple[str, str]] = {}
+        for event in events:
+            unsigned = event.get("unsigned")
+            if "state_key" in event or (
+                isinstance(unsigned, dict) and "redacted_because" in unsigned
+            ):
+                continue
+            event_id, room_id, sender = (
+                event.get("event_id"),
+                event.get("room_id"),
+                event.get("sender"),
+            )
+            if isinstance(event_id, str) and isinstance(room_id, str) and isinstance(sender, str):
+                parents[event_id] = (room_id, sender)
+        if not parents:
+            return {}
+        found, loaded = await self.db.run_interaction(
+            "relation_aggregations", self._aggregations_txn, user_id, parents, device_id
+        )
+        if not found:
+            return {}
+        self._complete(loaded)
+        now = self._now()
+        result: dict[str, dict[str, Any]] = {}
+        for parent, (threads, references) in found.items():
+            bundle: dict[str, Any] = {}
+            if threads:
+                latest = max(threads, key=lambda item: item[1].position)[1]
+                _, root_sender = parents[parent]
+                bundle[THREAD] = {
+                    "latest_event": self._format_rows([latest], loaded, now)[0],
+                    "count": len(threads),
+                    "current_user_participated": root_sender == user_id
+                    or any(sender == user_id for sender, _ in threads),
+                }
+            if references:
+                bundle[REFERENCE] = {"chunk": [{"event_id": r.event_id} for r in references]}
+            result[parent] = bundle
+        return result
+
+    def _aggregations_txn(
+        self,
+        txn: Transaction,
+        user_id: str,
+        parents: Mapping[str, tuple[str, str]],
+        device_id: str | None,
+    ) -> tuple[dict[str, tuple[list[tuple[str, _Row]], list[_Row]]], _Loaded]:
+        candidates: list[tuple[str, str, str, _Row]] = []
+        for chunk in _chunks(list(parents)):
+            for r in txn.query(
+                f"SELECT r.relates_to_id, r.relation_type, r.sender, r.room_id, {_COLUMNS}"
+                " FROM event_relations r JOIN timeline_events t ON t.event_id = r.event_id"
+                f" WHERE r.relates_to_id IN ({_marks(len(chunk))})"
+                " AND r.relation_type IN ('m.thread', 'm.reference')"
+                " ORDER BY r.topological_ordering, r.stream_ordering",
+                chunk,
+            ):
+                parent = str(r[0])
+                if r[3] != parents[parent][0]:
+                    continue  # a relation from another room is no relation
+                row = _to_row(r[4:])
+                if row.redacted_by is None:
+                    candidates.append((parent, str(r[1]), str(r[2]), row))
+        if not candidates:
+            return {}, self._load_txn(txn, (), (), user_id, device_id)
+        rooms = list(dict.fromkeys(parents[c[0]][0] for c in candidates))
+        views, _ = _load_views_txn(txn, rooms, user_id)
+        found: dict[str, tuple[list[tuple[str, _Row]], list[_Row]]] = {}
+        for parent, rel_type, sender, row in candidates:
+            if not views[parents[parent][0]].visible(row):
+                continue
+            threads, references = found.setdefault(parent, ([], []))
+            if rel_type == THREAD:
+                threads.append((sender, row))
+            else:
+                references.append(row)
+        latest = [
+            max(threads, key=lambda item: item[1].position)[1]
+            for threads, _ in found.values()
+            if threads
+        ]
+        return found, self._load_txn(txn, latest, (), user_id, device_id)
+
+
+def _readable_view_txn(txn: Transaction, user_id: str, room_id: str) -> _View:
+    """The user's view of the room, if they may read it (as ``/messages``:
+    ``M_FORBIDDEN`` unless joined, departed, or the room is ``world_readable`` now; an
+    unknown room too)."""
+    view = _load_views_txn(txn, [room_id], user_id, current=True)[0][room_id]
+    membership = view.current_membership
+    if membership != "join" and membership != "leave" and view.current_visibility != WORLD_READABLE:
+        raise ForbiddenError(f"user {user_id} may not read room {room_id}")
+    return view
