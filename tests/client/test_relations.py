@@ -235,3 +235,31 @@ async def test_threads_and_bundled_aggregations(homeserver: Homeserver) -> None:
     await relate(hs, bob, room_id, "m.thread", first, body="1c")
     again = await hs.ok("GET", f"/rooms/{room_id}/event/{first}", token=alice.token)
     assert again["unsigned"]["m.relations"]["m.thread"]["count"] == 3
+
+
+async def test_sync_bundles_thread_summaries_as_the_user_may_see_them(
+    homeserver: Homeserver,
+) -> None:
+    hs = homeserver
+    alice, bob = [await hs.register(n) for n in ("alice", "bob")]
+    room_id = await room_with(hs, alice, bob)
+    root = await send(hs, alice, room_id, "root")
+    reply = await relate(hs, bob, room_id, "m.thread", root, body="in thread")
+    reference = await relate(hs, bob, room_id, "m.reference", root)
+    first = await hs.ok("GET", "/sync", token=alice.token)
+    events = {e["event_id"]: e for e in first["rooms"]["join"][room_id]["timeline"]["events"]}
+    bundle = events[root]["unsigned"]["m.relations"]
+    assert bundle["m.thread"]["latest_event"]["event_id"] == reply
+    assert bundle["m.thread"]["count"] == 1
+    assert bundle["m.thread"]["current_user_participated"] is True
+    assert bundle["m.reference"] == {"chunk": [{"event_id": reference}]}
+    assert "m.relations" not in events[reply].get("unsigned", {})
+    # Incremental: a root served again after a new reply carries the new summary.
+    second = await relate(hs, alice, room_id, "m.thread", root, body="again")
+    later = await hs.ok("GET", f"/sync?since={first['next_batch']}", token=bob.token)
+    served = later["rooms"]["join"][room_id]["timeline"]["events"]
+    assert [e["event_id"] for e in served] == [second]
+    page = await hs.ok("GET", f"/rooms/{room_id}/messages?dir=b&limit=50", token=bob.token)
+    summary = next(e for e in page["chunk"] if e["event_id"] == root)["unsigned"]
+    assert summary["m.relations"]["m.thread"]["count"] == 2
+    assert summary["m.relations"]["m.thread"]["latest_event"]["event_id"] == second

@@ -131,7 +131,7 @@ def read_routes(
         events = hide_ignored(chunk.events, await ignored_by(requester))
         if not event_filter.allows_all:
             events = [e for e in events if event_filter.matches(e)]
-        await bundle_aggregations(reader, requester, events)
+        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
         body: dict[str, Any] = {"chunk": events, "start": chunk.start.to_string()}
         if chunk.end is not None:
             body["end"] = chunk.end.to_string()
@@ -162,7 +162,9 @@ def read_routes(
             raise ForbiddenError("you may not see that event")
         before = hide_ignored(found.events_before, ignored)
         after = hide_ignored(found.events_after, ignored)
-        await bundle_aggregations(reader, requester, [found.event, *before, *after])
+        await bundle_aggregations(
+            reader, requester.user_id, requester.device_id, [found.event, *before, *after]
+        )
         return json_response(
             {
                 "event": found.event,
@@ -195,7 +197,7 @@ def read_routes(
         )
         if event is None or event.get("room_id") != request.match_info["room_id"]:
             raise NotFoundError("event not found")
-        await bundle_aggregations(reader, requester, [event])
+        await bundle_aggregations(reader, requester.user_id, requester.device_id, [event])
         return json_response(event)
 
     async def full_state(request: web.Request) -> web.Response:

@@ -39,16 +39,14 @@ def _path_value(request: web.Request, name: str) -> str | None:
 
 
 async def bundle_aggregations(
-    reader: RoomReader, requester: Requester, events: Sequence[ClientEvent]
+    reader: RoomReader, user_id: str, device_id: str | None, events: Sequence[ClientEvent]
 ) -> None:
     """Add ``unsigned["m.relations"]`` to those of ``events`` that have visible
     ``m.thread``/``m.reference`` relations (in place; each gets a new ``unsigned``
     dict, so cached formats are never touched)."""
     if not events:
         return
-    found = await reader.relation_aggregations(
-        requester.user_id, events, device_id=requester.device_id
-    )
+    found = await reader.relation_aggregations(user_id, events, device_id=device_id)
     if not found:
         return
     for event in events:
@@ -92,7 +90,7 @@ def relations_routes(
             device_id=requester.device_id,
         )
         events = hide_ignored(chunk.events, await ignored_by(requester))
-        await bundle_aggregations(reader, requester, events)
+        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
         body: dict[str, Any] = {"chunk": events}
         if chunk.next_batch is not None:
             body["next_batch"] = chunk.next_batch.to_string()
@@ -123,7 +121,7 @@ def relations_routes(
             device_id=requester.device_id,
         )
         events = hide_ignored(chunk.events, await ignored_by(requester))
-        await bundle_aggregations(reader, requester, events)
+        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
         body: dict[str, Any] = {"chunk": events}
         if chunk.next_batch is not None:
             body["next_batch"] = chunk.next_batch.to_string()

@@ -20,6 +20,7 @@ from roomstream.client.filtering import (
     SyncFilter,
 )
 from roomstream.client.ignored import IgnoredUsers, hide_ignored, ignored_invite
+from roomstream.client.relations_routes import bundle_aggregations
 from roomstream.client.store import ClientStore
 from roomstream.client.sync_sections.base import (
     SyncContext,
@@ -127,6 +128,15 @@ class RoomsSection(SyncSection):
                     "state": events(_kept(only.state, timeline.state)),
                     "account_data": events([]),
                 }
+        # Server-side aggregations (m.thread, m.reference) on the timelines' events: one
+        # more read, of the relations index only, when any timeline has events.
+        served = [
+            e
+            for part in (join, leave)
+            for room in part.values()
+            for e in room["timeline"]["events"]
+        ]
+        await bundle_aggregations(self.reader, user_id, ctx.device_id, served)
         if since is not None:
             newly_invited = {r for r, t in result.rooms.items() if t.membership == "invite"} | {
                 e["room_id"]
