@@ -263,3 +263,28 @@ async def test_sync_bundles_thread_summaries_as_the_user_may_see_them(
     summary = next(e for e in page["chunk"] if e["event_id"] == root)["unsigned"]
     assert summary["m.relations"]["m.thread"]["count"] == 2
     assert summary["m.relations"]["m.thread"]["latest_event"]["event_id"] == second
+
+
+async def test_an_incremental_sync_bundles_what_the_change_cache_saw_related(
+    homeserver: Homeserver,
+) -> None:
+    """An incremental sync reads the relations index only for events the read path's
+    change cache saw a relation to (tests/client/test_round_trips.py: a plain message
+    costs no such read); a root and its reply in the same range still come bundled."""
+    hs = homeserver
+    alice, bob = [await hs.register(n) for n in ("alice", "bob")]
+    room_id = await room_with(hs, alice, bob)
+    since = (await hs.ok("GET", "/sync", token=bob.token))["next_batch"]
+    plain = await send(hs, alice, room_id, "plain")
+    root = await send(hs, alice, room_id, "root")
+    reply = await relate(hs, bob, room_id, "m.thread", root, body="in thread")
+    later = await hs.ok("GET", f"/sync?since={since}", token=bob.token)
+    served = {e["event_id"]: e for e in later["rooms"]["join"][room_id]["timeline"]["events"]}
+    assert served[root]["unsigned"]["m.relations"]["m.thread"]["latest_event"]["event_id"] == (
+        reply
+    )
+    assert "m.relations" not in served[plain].get("unsigned", {})
+    reader = hs.process.reader
+    position = reader.current_token().minimum
+    assert reader.may_have_relations_since([root, plain], 0) >= {root}
+    assert reader.may_have_relations_since([root, plain], position) == set()

@@ -266,8 +266,9 @@ async def test_events_persisted_after_the_records_were_lost(
 
 
 def _downgrade_txn(txn: Transaction, below: int) -> None:
-    """Undo every migration from ``below`` on: drop what their scripts create and
-    forget their versions (they create tables and indexes only)."""
+    """Undo every migration from ``below`` on: drop what their scripts create (tables,
+    indexes, added columns) and forget their versions (their other statements only
+    insert rows into what they create or into what goes with them)."""
     for migration in reversed(load_migrations()):
         if migration.version < below:
             continue
@@ -279,6 +280,8 @@ def _downgrade_txn(txn: Transaction, below: int) -> None:
                 elif words[0] == "CREATE" and "INDEX" in words[:3]:
                     name = words[words.index("INDEX") + 1]
                     txn.execute(f"DROP INDEX IF EXISTS {name}")
+                elif words[:2] == ["ALTER", "TABLE"] and words[3:5] == ["ADD", "COLUMN"]:
+                    txn.execute(f"ALTER TABLE {words[2]} DROP COLUMN {words[5]}")
                 else:
                     assert words[0] == "INSERT", statement
         txn.execute("DELETE FROM schema_version WHERE version = ?", (migration.version,))

@@ -25,6 +25,8 @@ class ChangeTracker:
         start = min(self.ingested.values(), default=0)
         self.room_changes = StreamChangeCache("room_events", start, change_cache_size)
         self.member_changes = StreamChangeCache("user_memberships", start, change_cache_size)
+        #: Events that relations (m.relates_to) point at, by the relation's position.
+        self.relation_targets = StreamChangeCache("relation_targets", start, change_cache_size)
         self._ingest_lock = asyncio.Lock()
         # user -> (ingested linear position when loaded, {room: membership})
         self._rooms_of: dict[str, tuple[int, dict[str, str]]] = {}
@@ -34,6 +36,13 @@ class ChangeTracker:
         """An events-stream position every event of which, on every writer, the change
         caches have seen: an event persisted later is after it."""
         return min(self.ingested.values(), default=0)
+
+    def may_have_relations_since(self, event_ids: Iterable[str], position: int) -> set[str]:
+        """Of ``event_ids`` (events persisted after ``position``), those a relation may
+        point at: any relation to such an event is persisted after it, so after
+        ``position``, and the change cache has seen it (or cannot tell, and says so)."""
+        targets = self.relation_targets
+        return {e for e in event_ids if targets.has_entity_changed(e, position)}
 
     def rooms_changed_since(self, room_ids: Iterable[str], position: int) -> set[str]:
         """Of ``room_ids``, those that may have new events after ``position``."""
@@ -83,6 +92,8 @@ class ChangeTracker:
             member = row.member_user_id
             if member is not None:
                 self.member_changes.entity_has_changed(member, token)
+            if row.relates_to is not None:
+                self.relation_targets.entity_has_changed(row.relates_to, token)
 
     async def rooms_for_user(self, user_id: str) -> dict[str, str]:
         """room -> the user's membership in its current state (any membership)."""

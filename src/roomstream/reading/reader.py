@@ -123,6 +123,7 @@ class RoomReader:
         self.event_for_transaction = transaction_ids.event_for_transaction
         #: The change caches (reading.changes).
         self.rooms_changed_since = changes.rooms_changed_since
+        self.may_have_relations_since = changes.may_have_relations_since
         self.ingest_rows = changes.ingest_rows
 
     @classmethod

@@ -129,13 +129,28 @@ class RoomsSection(SyncSection):
                     "account_data": events([]),
                 }
         # Server-side aggregations (m.thread, m.reference) on the timelines' events: one
-        # more read, of the relations index only, when any timeline has events.
+        # more read, of the relations index, when some served event may have relations.
         served = [
             e
             for part in (join, leave)
             for room in part.values()
             for e in room["timeline"]["events"]
         ]
+        if since is not None:
+            # An incremental sync's timelines hold events after the token, except rooms
+            # whose membership of the user moved (a newly joined room shows older
+            # history): the rest are skipped unless the change cache saw a relation to
+            # them (the common case then costs no read).
+            moved = {e.get("room_id") for e in result.membership_changes}
+            candidates = self.reader.may_have_relations_since(
+                [str(e.get("event_id")) for e in served if e.get("room_id") not in moved],
+                since.minimum,
+            )
+            served = [
+                e
+                for e in served
+                if e.get("room_id") in moved or str(e.get("event_id")) in candidates
+            ]
         await bundle_aggregations(self.reader, user_id, ctx.device_id, served)
         if since is not None:
             newly_invited = {r for r, t in result.rooms.items() if t.membership == "invite"} | {
