@@ -104,9 +104,13 @@ class RoomUpgrades:
         member = old.get((EventTypes.MEMBER, user_id))
         if member is None or member.content.get("membership") != "join":
             raise ForbiddenError(f"user {user_id} is not in room {old_room_id}")
-        auth_events = {k: v for k, v in ((CREATE_KEY, create), (POWER_LEVELS_KEY, power_levels))}
+        auth_events = {
+            key: event
+            for key, event in ((CREATE_KEY, create), (POWER_LEVELS_KEY, power_levels))
+            if event is not None
+        }
         needed = get_send_level(EventTypes.TOMBSTONE, "", power_levels)
-        if get_user_power_level(user_id, {k: v for k, v in auth_events.items() if v}) < needed:
+        if get_user_power_level(user_id, auth_events) < needed:
             raise ForbiddenError(f"user {user_id} may not upgrade room {old_room_id}")
         create_content = {} if create is None else dict(create.content)
         creation: dict[str, Any] = {"predecessor": {"room_id": old_room_id}}
