@@ -50,6 +50,8 @@ KEYS = [
     "is_direct",
     "room",
     "thread_id",
+    "new_version",
+    "score",
 ]
 bodies = st.one_of(
     st.dictionaries(st.sampled_from(KEYS), json_values, max_size=6),
@@ -76,6 +78,9 @@ QUERY = [
     "access_token",
     "archived",
     "room_id",
+    "ts",
+    "max_depth",
+    "suggested_only",
 ]
 query_values = st.one_of(
     st.text(max_size=20),

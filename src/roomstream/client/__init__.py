@@ -49,13 +49,17 @@ from roomstream.client.profile_routes import profile_routes
 from roomstream.client.profiles import ProfileFanOut, ProfileService
 from roomstream.client.read_routes import read_routes
 from roomstream.client.relations_routes import relations_routes
+from roomstream.client.reports import Reports
 from roomstream.client.room_routes import room_routes
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import ClientApi
 from roomstream.client.sliding_sync import SlidingSyncHandler, sliding_sync_routes
+from roomstream.client.space_routes import space_routes
+from roomstream.client.spaces import SpaceHierarchy
 from roomstream.client.store import ClientStore
 from roomstream.client.sync import SyncHandler
 from roomstream.client.typing import TypingState, TypingWriter
+from roomstream.client.upgrades import RoomUpgrades
 from roomstream.client.userdata import UserData
 from roomstream.client.userdata_routes import userdata_routes
 from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
@@ -209,6 +213,8 @@ class ClientProcess:
         )
         #: The media repository (uploads, downloads, thumbnails).
         self.media: MediaRepository = open_media(config, engine.db)
+        #: Users' reports of events and rooms, for admins.
+        self.reports = Reports(engine.db, self.reader, engine.store)
         legacy = LegacyReads(self.reader, engine.store, self.store, self.userdata, self.notifier)
         self.api = ClientApi(
             self.accounts,
@@ -268,6 +274,13 @@ class ClientProcess:
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
                 *media_routes(self.accounts, self.media),
                 *presence_routes(self.accounts, self.presence),
+                *space_routes(
+                    self.accounts,
+                    SpaceHierarchy(engine.db),
+                    RoomUpgrades(self.rooms),
+                    self.reports,
+                    self.reader,
+                ),
             ],
             self.client_ips,
         )

@@ -91,6 +91,15 @@ class ClientStore:
         )
         return [str(r[0]) for r in rows]
 
+    async def move_aliases(self, old_room_id: str, new_room_id: str) -> None:
+        """Point every alias of one room at another (a room upgrade)."""
+        await self.db.run_interaction(
+            "move_aliases",
+            lambda t: t.execute(
+                "UPDATE room_aliases SET room_id = ? WHERE room_id = ?", (new_room_id, old_room_id)
+            ),
+        )
+
     # -- forgotten rooms ---------------------------------------------------------------
 
     async def forget(self, user_id: str, room_id: str) -> None:
@@ -122,6 +131,14 @@ class ClientStore:
         return {str(r[0]) for r in rows} & wanted
 
     # -- the room directory ------------------------------------------------------------
+
+    async def is_room_public(self, room_id: str) -> bool:
+        """Whether the room is published in the room directory."""
+        row = await self.db.run_interaction(
+            "is_room_public",
+            lambda t: t.query_one("SELECT is_public FROM rooms WHERE room_id = ?", (room_id,)),
+        )
+        return row is not None and bool(row[0])
 
     async def set_room_public(self, room_id: str, public: bool) -> None:
         # The rooms table's one writer is the persister's module (storage/owners.py).

@@ -42,6 +42,7 @@ from roomstream.reading.room_state import RoomStateReads
 from roomstream.reading.summaries import RoomSummaries
 from roomstream.reading.timeline import NewEvents
 from roomstream.reading.timeline_rows import MAX_LIMIT
+from roomstream.reading.timestamps import TimestampReads
 from roomstream.reading.tokens import EventsToken
 from roomstream.rooms.store import EventStore
 from roomstream.rooms.transaction_ids import TransactionIds
@@ -117,6 +118,8 @@ class RoomReader:
         #: Single events (reading.events).
         self.get_event = single.get_event
         self.is_visible = single.is_visible
+        #: The nearest visible event to a timestamp (reading.timestamps).
+        self.event_at_timestamp = TimestampReads(db).event_at_timestamp
         #: The write path's transaction-ID records (rooms.transaction_ids).
         self.record_transaction_id = transaction_ids.record_transaction_id
         self.transactions_of_device = transaction_ids.transactions_of_device

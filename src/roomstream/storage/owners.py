@@ -66,6 +66,8 @@ TABLE_OWNERS: Mapping[str, str] = {
     "user_filters": "roomstream.client.store",
     "room_aliases": "roomstream.client.store",
     "room_forgotten": "roomstream.client.store",
+    "event_reports": "roomstream.client.reports",
+    "room_reports": "roomstream.client.reports",
     "account_data": "roomstream.client.userdata",
     "room_account_data": "roomstream.client.userdata",
     "receipts": "roomstream.client.userdata",
