@@ -1311,6 +1311,8 @@ def print_table(results: dict[str, Any]) -> None:
     header = ["scenario", *labels, *(f"ratio {p.split(' vs ')[0]}" for p in pairs)]
     rows = []
     for headline, (key, higher_better) in HEADLINES.items():
+        if not any(key in targets[t] for t in labels):
+            continue  # a scenario not run (--scenario): no row of dashes
         unit, digits = ("events/s", 0) if higher_better else ("ms", 1)
         row = [f"{headline} ({unit})"]
         row += [f"{targets[t][key]:,.{digits}f}" if key in targets[t] else "-" for t in labels]
