@@ -8,9 +8,10 @@ Usage::
 With no ``--url`` it starts, one after the other, roomstream on SQLite and on PostgreSQL
 (``roomstream run`` on loopback ports, throwaway databases) and, when the ``bench`` extra
 brought it, Synapse on SQLite and (with ``psycopg2``) on PostgreSQL, configured as
-``shared/peers/synapse/config_patch.py`` does (rate limiters out of the way, presence off,
-cheap password hashing), and waits for Synapse's background schema updates before
-measuring. Every server gets the same requests from the same plain aiohttp client:
+``shared/peers/synapse/config_patch.py`` does (rate limiters out of the way, presence off
+unless ``presence_wake`` runs, cheap password hashing), and waits for Synapse's background
+schema updates before measuring. Every server gets the same requests from the same plain
+aiohttp client:
 
 - ``send_seq``: sequential ``PUT /send`` in one room (events/s);
 - ``send_16_rooms`` / ``send_16_shared``: 16 users sending concurrently, each in its own
@@ -33,6 +34,13 @@ measuring. Every server gets the same requests from the same plain aiohttp clien
   included) then authenticated download of distinct 1 MB PNGs, one at a time (MB/s:
   upload, download, and the round trip of both), then a 96x96 ``crop`` thumbnail of
   each, made at upload by both servers (ms, median).
+- ``profile_fanout``: a user joined to R rooms changes their display name; the time from
+  the start of the ``PUT /profile/{userId}/displayname`` until a room-mate's ``/sync``
+  long polls have brought the new ``m.room.member`` event of all R rooms (ms, median of
+  the repeats; the ``PUT``'s own time too);
+- ``presence_wake``: user B long-polls ``/sync``; the time from the start of A's
+  ``PUT /presence/{userId}/status`` (online and unavailable in turn, a new
+  ``status_msg`` each time) to B's response carrying it (ms, p50 and p99).
 
 Set-up (users, rooms, the messages and members the read scenarios need) is not measured
 and runs as concurrently as each server takes it. Each scenario checks the answers it
@@ -96,6 +104,9 @@ SIZES: dict[str, dict[str, int]] = {
         "claim_repeats": 50,
         "td_wake": 100,
         "media_repeats": 20,
+        "profile_rooms": 100,
+        "profile_repeats": 5,
+        "presence_wake": 100,
     },
     "quick": {
         "seq": 100,
@@ -114,6 +125,9 @@ SIZES: dict[str, dict[str, int]] = {
         "claim_repeats": 10,
         "td_wake": 20,
         "media_repeats": 5,
+        "profile_rooms": 20,
+        "profile_repeats": 2,
+        "presence_wake": 20,
     },
 }
 SENDERS = 16
@@ -144,6 +158,9 @@ HEADLINES: dict[str, tuple[str, bool]] = {
     "media_upload": ("media_upload_mb_per_s", True),
     "media_download": ("media_download_mb_per_s", True),
     "thumbnail": ("thumbnail_ms_p50", False),
+    "profile_fanout": ("profile_fanout_ms_p50", False),
+    "presence_wake_p50": ("presence_wake_ms_p50", False),
+    "presence_wake_p99": ("presence_wake_ms_p99", False),
 }
 #: roomstream on SQLite must reach these (issue 11, section 5).
 TARGETS: dict[str, tuple[str, float]] = {
@@ -165,6 +182,9 @@ RATIO_TARGETS: dict[str, float] = {
     # issue 21, section 7.
     "media_round_trip": 5,
     "thumbnail": 5,
+    # issue 20, section 4.
+    "profile_fanout": 10,
+    "presence_wake_p50": 10,
 }
 SCENARIOS = (
     "send_seq",
@@ -177,6 +197,8 @@ SCENARIOS = (
     "keys_claim",
     "to_device_wake",
     "media",
+    "profile_fanout",
+    "presence_wake",
 )
 #: The timed parts of the scenarios (what ``--profile`` can sample).
 TIMED_PARTS = (
@@ -194,6 +216,8 @@ TIMED_PARTS = (
     "media_upload",
     "media_download",
     "thumbnail",
+    "profile_fanout",
+    "presence_wake",
 )
 
 
@@ -725,6 +749,121 @@ async def media(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> 
     }
 
 
+def member_updates(response: dict[str, Any], user_id: str, displayname: str) -> set[str]:
+    """The rooms in a ``/sync`` response whose timeline or state carries ``user_id``'s
+    join event with ``displayname``."""
+    found = set()
+    for room_id, room in response.get("rooms", {}).get("join", {}).items():
+        events = [
+            *room.get("timeline", {}).get("events", []),
+            *room.get("state", {}).get("events", []),
+        ]
+        for event in events:
+            content = event.get("content", {})
+            if (
+                event.get("type") == "m.room.member"
+                and event.get("state_key") == user_id
+                and content.get("membership") == "join"
+                and content.get("displayname") == displayname
+            ):
+                found.add(room_id)
+    return found
+
+
+async def profile_fanout(
+    client: Client, sizes: dict[str, int], tag: str, hook: Hook
+) -> dict[str, Any]:
+    """A user joined to R rooms changes their display name; the time from the start of
+    the ``PUT /profile/{userId}/displayname`` until a room-mate's ``/sync`` long polls
+    have brought the new ``m.room.member`` event of every one of the R rooms."""
+    alice = await client.register(f"pa{tag}")
+    bob = await client.register(f"pb{tag}")
+    rooms = await bounded(
+        SETUP_CONCURRENCY, [client.create_room(bob) for _ in range(sizes["profile_rooms"])]
+    )
+    await bounded(SETUP_CONCURRENCY, [client.join(alice, r) for r in rooms])
+    since = (await client.sync(bob, timeout=0))["next_batch"]
+    wanted = set(rooms)
+    totals: list[float] = []
+    puts: list[float] = []
+    async with hook("profile_fanout"):
+        for i in range(sizes["profile_repeats"]):
+            name = f"Alice {tag} {i}"
+
+            async def collect(since: str, name: str) -> str:
+                seen: set[str] = set()
+                deadline = time.monotonic() + 300
+                while not wanted <= seen:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"profile_fanout: {len(seen)} rooms of {len(wanted)}")
+                    response = await client.sync(bob, since=since, timeout=30000)
+                    seen |= member_updates(response, alice.user_id, name)
+                    since = response["next_batch"]
+                return since
+
+            poll = asyncio.create_task(collect(since, name))
+            # As in sync_wake: time for the long poll to park (not measured).
+            await asyncio.sleep(0.03)
+            started = time.perf_counter()
+            await client.call(
+                "PUT",
+                f"/profile/{alice.user_id}/displayname",
+                alice.token,
+                {"displayname": name},
+            )
+            puts.append(ms_since(started))
+            since = await poll
+            totals.append(ms_since(started))
+    return {
+        "profile_fanout_ms_p50": statistics.median(totals),
+        "profile_fanout_ms_max": max(totals),
+        "profile_put_ms_p50": statistics.median(puts),
+        "profile_fanout_rooms": len(wanted),
+    }
+
+
+async def presence_wake(
+    client: Client, sizes: dict[str, int], tag: str, hook: Hook
+) -> dict[str, Any]:
+    """User B long-polls ``/sync``; A (in a room with B) sets its presence, toggling
+    ``online``/``unavailable`` with a new ``status_msg`` each time; the time from the
+    start of A's ``PUT /presence/{userId}/status`` to B's response carrying it."""
+    alice = await client.register(f"ra{tag}")
+    bob = await client.register(f"rb{tag}")
+    room = await client.create_room(alice)
+    await client.join(bob, room)
+    since = (await client.sync(bob, timeout=0))["next_batch"]
+
+    def carried(response: dict[str, Any], nonce: str) -> bool:
+        events = response.get("presence", {}).get("events", [])
+        return any(
+            e.get("sender") == alice.user_id and e.get("content", {}).get("status_msg") == nonce
+            for e in events
+        )
+
+    latencies: list[float] = []
+    async with hook("presence_wake"):
+        for i in range(sizes["presence_wake"]):
+            poll = asyncio.create_task(client.sync(bob, since=since, timeout=30000))
+            # As in sync_wake: time for the long poll to park (not measured).
+            await asyncio.sleep(0.03)
+            nonce = f"{tag}-{i}"
+            body = {"presence": ("online", "unavailable")[i % 2], "status_msg": nonce}
+            started = time.perf_counter()
+            await client.call("PUT", f"/presence/{alice.user_id}/status", alice.token, body)
+            response = await poll
+            while not carried(response, nonce):  # woken by something else
+                since = response["next_batch"]
+                response = await client.sync(bob, since=since, timeout=30000)
+            latencies.append(ms_since(started))
+            since = response["next_batch"]
+    return {
+        "presence_wake_ms_p50": statistics.median(latencies),
+        "presence_wake_ms_p99": percentile(latencies, 99),
+        "presence_wake_ms_max": max(latencies),
+    }
+
+
 RUNNERS: dict[str, Callable[[Client, dict[str, int], str, Hook], Awaitable[dict[str, Any]]]] = {
     "send_seq": send_seq,
     "send_16": send_16,
@@ -736,6 +875,8 @@ RUNNERS: dict[str, Callable[[Client, dict[str, int], str, Hook], Awaitable[dict[
     "keys_claim": keys_claim,
     "to_device_wake": to_device_wake,
     "media": media,
+    "profile_fanout": profile_fanout,
+    "presence_wake": presence_wake,
 }
 
 
@@ -892,11 +1033,14 @@ async def roomstream(engine: str, work: Path) -> AsyncIterator[Server]:
             yield Server(url, proc.pid, {"version": common._package_version("roomstream")})
 
 
-def synapse_config(config: dict[str, Any], port: int, work: Path, pg_db: str | None) -> None:
+def synapse_config(
+    config: dict[str, Any], port: int, work: Path, pg_db: str | None, presence: bool = False
+) -> None:
     """The benchmark deltas of ``shared/peers/synapse/config_patch.py``, on a generated
     config: one plain-HTTP client listener on loopback, open registration with
     ``m.login.dummy``, every ``rc_*`` limiter out of the way, ``bcrypt_rounds: 4``
-    (registration is set-up), no trusted key servers (no internet), presence off."""
+    (registration is set-up), no trusted key servers (no internet), presence off unless
+    ``presence`` (Synapse's own default is on; ``presence_wake`` needs it)."""
     big = {"per_second": 1_000_000, "burst_count": 1_000_000}
     flat = [
         "rc_message",
@@ -938,7 +1082,7 @@ def synapse_config(config: dict[str, Any], port: int, work: Path, pg_db: str | N
         bcrypt_rounds=4,
         trusted_key_servers=[],
         suppress_key_server_warning=True,
-        presence={"enabled": False},
+        presence={"enabled": presence},
         report_stats=False,
     )
     if pg_db is not None:
@@ -979,7 +1123,7 @@ async def wait_background_updates(database: Path | str, limit: float = 900) -> f
 
 
 @contextlib.asynccontextmanager
-async def synapse(engine: str, work: Path) -> AsyncIterator[Server]:
+async def synapse(engine: str, work: Path, presence: bool = False) -> AsyncIterator[Server]:
     port = free_port()
     config_path = work / "homeserver.yaml"
     generate = [
@@ -1000,7 +1144,7 @@ async def synapse(engine: str, work: Path) -> AsyncIterator[Server]:
                 throwaway_pg_database("synapse_bench_client", synapse_style=True)
             )
         config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-        synapse_config(config, port, work, pg_db)
+        synapse_config(config, port, work, pg_db, presence)
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         args = [sys.executable, "-m", "synapse.app.homeserver", "-c", str(config_path)]
         async with child_process(args, work / "synapse.log", cwd=work) as proc:
@@ -1024,11 +1168,14 @@ def synapse_available(engine: str) -> bool:
 
 # -- the run ---------------------------------------------------------------------------
 
-STARTERS: dict[str, Callable[[Path], contextlib.AbstractAsyncContextManager[Server]]] = {
-    "roomstream sqlite": lambda work: roomstream("sqlite", work),
-    "roomstream postgres": lambda work: roomstream("postgres", work),
-    "synapse sqlite": lambda work: synapse("sqlite", work),
-    "synapse postgres": lambda work: synapse("postgres", work),
+#: Label -> starter, given the work directory and whether presence is measured (roomstream
+#: tracks presence in every run, its default; Synapse only then, as the benchmark turns it
+#: off otherwise).
+STARTERS: dict[str, Callable[[Path, bool], contextlib.AbstractAsyncContextManager[Server]]] = {
+    "roomstream sqlite": lambda work, presence: roomstream("sqlite", work),
+    "roomstream postgres": lambda work, presence: roomstream("postgres", work),
+    "synapse sqlite": lambda work, presence: synapse("sqlite", work, presence),
+    "synapse postgres": lambda work, presence: synapse("postgres", work, presence),
 }
 
 
@@ -1126,7 +1273,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if args.url:
                     server = Server(label)
                 else:
-                    server = await stack.enter_async_context(STARTERS[label](work))
+                    starter = STARTERS[label](work, "presence_wake" in scenarios)
+                    server = await stack.enter_async_context(starter)
                 session = await stack.enter_async_context(
                     aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
                 )
@@ -1163,6 +1311,8 @@ def print_table(results: dict[str, Any]) -> None:
     header = ["scenario", *labels, *(f"ratio {p.split(' vs ')[0]}" for p in pairs)]
     rows = []
     for headline, (key, higher_better) in HEADLINES.items():
+        if not any(key in targets[t] for t in labels):
+            continue  # a scenario not run (--scenario): no row of dashes
         unit, digits = ("events/s", 0) if higher_better else ("ms", 1)
         row = [f"{headline} ({unit})"]
         row += [f"{targets[t][key]:,.{digits}f}" if key in targets[t] else "-" for t in labels]
