@@ -303,3 +303,28 @@ async def test_upgrade_refusals(hs: Homeserver) -> None:
 async def test_every_guest_route_exists(hs: Homeserver) -> None:
     served = {(r.method, r.path) for r in hs.process.api.routes}
     assert served >= GUEST_ROUTES, sorted(GUEST_ROUTES - served)
+
+
+async def test_withdrawing_guest_access_makes_guests_leave(hs: Homeserver) -> None:
+    """As Synapse's kick_guest_users: once ``m.room.guest_access`` is no longer
+    ``can_join``, every guest joined to the room leaves it by their own leave event; full
+    members stay."""
+    alice = await hs.register("alice")
+    bob = await hs.register("bob")
+    guest = await register_guest(hs, {})
+    room_id = await room_for_guests(hs, alice, CAN_JOIN)
+    for user in (bob, guest):
+        await hs.ok("POST", f"/join/{room_id}", {}, token=user.token)
+    await hs.ok(
+        "PUT",
+        f"/rooms/{room_id}/state/m.room.guest_access/",
+        {"guest_access": "forbidden"},
+        token=alice.token,
+    )
+    members = await hs.ok("GET", f"/rooms/{room_id}/members", token=alice.token)
+    by_user = {e["state_key"]: e for e in members["chunk"]}
+    assert by_user[guest.user_id]["content"]["membership"] == "leave"
+    assert by_user[guest.user_id]["sender"] == guest.user_id
+    assert by_user[bob.user_id]["content"]["membership"] == "join"
+    status, body = await hs.call("POST", f"/join/{room_id}", {}, token=guest.token)
+    assert (status, body["errcode"]) == (403, "M_FORBIDDEN")

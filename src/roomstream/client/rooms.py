@@ -9,6 +9,7 @@ layers on top: presets, idempotent transactions, alias resolution, duplicate sta
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from roomstream.rooms.store import EventStore
 from roomstream.state.groups import StateMap
 
 __all__ = ["CreateRoomRequest", "RoomService", "StateEvent"]
+
+logger = logging.getLogger(__name__)
 
 PRESETS = ("private_chat", "public_chat", "trusted_private_chat")
 MEMBERSHIP_ACTIONS = ("invite", "kick", "ban", "unban")
@@ -539,9 +542,43 @@ class RoomService:
             await self.alias_rules.check_canonical_alias(room_id, content, previous)
         if event_type != EventTypes.MEMBER:
             await self.require_joined(requester, room_id)
-        return await self.writer.send(
+        event_id = await self.writer.send(
             room_id, requester.user_id, event_type, content, state_key=state_key
         )
+        if event_type == EventTypes.GUEST_ACCESS and content.get("guest_access") != "can_join":
+            await self._guests_leave(room_id)
+        return event_id
+
+    async def _guests_leave(self, room_id: str) -> None:
+        """Guest access withdrawn: this server's guests joined to or invited into the room
+        leave it, each by their own leave event (as Synapse's ``kick_guest_users``: the
+        guest chooses to leave rather than being kicked by whoever changed the rule)."""
+        state = await self.events.get_current_state(room_id)
+        members = [
+            event_id
+            for (event_type, state_key), event_id in state.items()
+            if event_type == EventTypes.MEMBER and state_key.endswith(":" + self.server_name)
+        ]
+        for event in (await self.events.get_events(members)).values():
+            content = event.data.get("content") or {}
+            if content.get("kind") != "guest" or content.get("membership") not in (
+                "join",
+                "invite",
+            ):
+                continue
+            guest = str(event.data.get("state_key"))
+            try:
+                await self.writer.send(
+                    room_id,
+                    guest,
+                    EventTypes.MEMBER,
+                    {"membership": "leave"},
+                    state_key=guest,
+                )
+            except MatrixError:
+                # The others still leave; the rule stands either way (a guest who cannot
+                # be made to leave is logged, as Synapse logs it).
+                logger.warning("guest %s could not leave %s", guest, room_id, exc_info=True)
 
     # -- aliases -----------------------------------------------------------------------
 
