@@ -47,6 +47,9 @@ from roomstream.client.presence_service import PresenceService, PresenceWriter, 
 from roomstream.client.presence_store import PresenceStore
 from roomstream.client.profile_routes import profile_routes
 from roomstream.client.profiles import ProfileFanOut, ProfileService
+from roomstream.client.push_routes import push_routes
+from roomstream.client.push_store import PushRulesStore
+from roomstream.client.pushrules import PUSH_RULES
 from roomstream.client.read_routes import read_routes
 from roomstream.client.room_routes import room_routes
 from roomstream.client.rooms import RoomService
@@ -173,11 +176,26 @@ class ClientProcess:
             lambda user, room, data_type: ignored.on_account_data_rows([(user, room, data_type)])
         )
 
+        user_data_writer = self.user_data_writer
+
+        async def load_push_rules(user_id: str) -> dict[str, Any] | None:
+            return await userdata.get_account_data(user_id, None, PUSH_RULES)
+
+        async def write_push_rules(user_id: str, content: Any) -> None:
+            await user_data_writer.put_account_data(user_id, None, PUSH_RULES, content)
+
+        self.push_rules = PushRulesStore(load_push_rules, write_push_rules)
+        push_rules = self.push_rules
+        user_data_writer.account_data_written.append(
+            lambda user, room, data_type: push_rules.on_account_data_rows([(user, room, data_type)])
+        )
+
         def forget_ignored(
             stream: str, writer: str, since: int, upto: int, updates: list[Any]
         ) -> None:
             if stream == "account_data":
                 ignored.on_account_data_rows([row for _, row in updates])
+                push_rules.on_account_data_rows([row for _, row in updates])
 
         # This process's own account-data rows (writes forwarded here included).
         self.notifier.local_row_listeners.append(forget_ignored)
@@ -233,6 +251,7 @@ class ClientProcess:
                         ignored=self.ignored,
                         keys=self.keys,
                         presence=self.presence.store,
+                        push_rules=self.push_rules,
                     ),
                     self.ignored,
                     presence=self.presence,
@@ -266,6 +285,7 @@ class ClientProcess:
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
                 *media_routes(self.accounts, self.media),
                 *presence_routes(self.accounts, self.presence),
+                *push_routes(self.accounts, self.push_rules),
             ],
             self.client_ips,
         )
@@ -280,6 +300,7 @@ class ClientProcess:
                 self.typing_state.apply(token, str(row.room_id), list(row.user_ids))
         elif stream_name == "account_data":
             self.ignored.on_account_data_rows(rows)
+            self.push_rules.on_account_data_rows(rows)
         elif stream_name == "caches" and self.token_cache is not None:
             for row in rows:
                 self.token_cache.apply_cache_row(row)

@@ -1,8 +1,9 @@
 """Unread notification counts (``unread_notifications`` of ``/sync``): push-rule
 evaluation and counting since the user's read receipt.
 
-:func:`evaluate` runs a push-rules document (the server defaults of
-:mod:`roomstream.client.pushrules`) over one event, as the spec's "Push Rules" section
+:func:`evaluate` runs a push-rules document (the user's, :mod:`roomstream.client.
+push_store`; the server defaults of :mod:`roomstream.client.pushrules` without one) over
+one event, as the spec's "Push Rules" section
 says: kinds ``override``, ``content``, ``room``, ``sender``, ``underride`` in that order,
 the first enabled rule whose conditions all hold decides; ``notify`` in its actions
 counts a notification, a ``highlight`` tweak (value true or missing) a highlight.
@@ -23,7 +24,7 @@ the room's current state (its member count, the user's display name, power level
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,6 +219,9 @@ class _Counted:
     upto: int
     checked_at: int
     counts: tuple[int, int]
+    #: The rules document they were counted with (compared by identity: the rules store
+    #: hands out one object until the user's rules change).
+    rules: Mapping[str, Any]
 
 
 class UnreadCounter:
@@ -231,17 +235,30 @@ class UnreadCounter:
     costs two statements (receipts, memberships) whatever the number of rooms.
     """
 
-    def __init__(self, reader: RoomReader) -> None:
+    def __init__(
+        self,
+        reader: RoomReader,
+        rules_of: Callable[[str], Awaitable[Mapping[str, Any]]] | None = None,
+    ) -> None:
+        """``rules_of``: a user's push rules (None: everyone has the server defaults)."""
         self.reader = reader
+        self.rules_of = rules_of
         self._counted: LruCache[tuple[str, str], _Counted] = LruCache("unread_counts")
 
     async def counts(self, user_id: str, room_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         """room -> ``{"notification_count", "highlight_count"}``."""
         if not room_ids:
             return {}
-        rules = default_push_rules(user_id)
+        rules = (
+            default_push_rules(user_id) if self.rules_of is None else await self.rules_of(user_id)
+        )
         checked_at = self.reader.ingested_floor
-        known = {r: c for r in room_ids if (c := self._counted.get((user_id, r))) is not None}
+        # Counts made under other rules (the user changed them) are counted again.
+        known = {
+            r: c
+            for r in room_ids
+            if (c := self._counted.get((user_id, r))) is not None and c.rules is rules
+        }
         # Rooms with events since they were counted: counted on from where they stopped.
         grown = {
             r: known.pop(r)
@@ -323,7 +340,7 @@ def _counts_txn(
                 n, h = count_unread(rules, events, _context_txn(txn, room_id, user_id))
                 counts = (prior[0] + n, prior[1] + h)
                 after = int(rows[-1][1])
-            result[room_id] = _Counted(start_at, after, checked_at, counts)
+            result[room_id] = _Counted(start_at, after, checked_at, counts, rules)
     return result
 
 

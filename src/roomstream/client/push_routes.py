@@ -1,0 +1,105 @@
+"""Handlers for push rules (``/pushrules/...``), ``/notifications`` and pushers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from roomstream.accounts import Accounts
+from roomstream.client.push_store import PushRulesStore
+from roomstream.client.pushrules import (
+    check_kind,
+    delete_rule,
+    find_rule,
+    put_rule,
+    set_actions,
+    set_enabled,
+)
+from roomstream.client.request import json_response, read_json
+from roomstream.client.server import Route, authenticate
+from roomstream.errors import UnrecognizedRequestError
+
+__all__ = ["push_routes"]
+
+ATTRIBUTES = ("enabled", "actions")
+
+
+def _attribute(request: web.Request) -> str:
+    attr = request.match_info["attr"]
+    if attr not in ATTRIBUTES:
+        raise UnrecognizedRequestError(f"unknown push rule attribute {attr!r}")
+    return attr
+
+
+def push_routes(accounts: Accounts, push_rules: PushRulesStore) -> list[Route]:
+    async def get_rules(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        rules = await push_rules.rules_of(requester.user_id)
+        scope = request.match_info.get("scope")
+        if scope is None:
+            return json_response(rules)
+        if scope not in rules:
+            # Synapse: an unknown scope is an unrecognised request, not a missing one.
+            raise UnrecognizedRequestError(f"unknown push rule scope {scope!r}")
+        kind = request.match_info.get("kind")
+        if kind is None:
+            return json_response(rules[scope])
+        check_kind(scope, kind)
+        return json_response(rules[scope][kind])
+
+    async def get_rule(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        scope, kind = request.match_info["scope"], request.match_info["kind"]
+        check_kind(scope, kind)
+        rules = await push_rules.rules_of(requester.user_id)
+        rule = find_rule(rules, kind, request.match_info["rule_id"])
+        attr = request.match_info.get("attr")
+        if attr is None:
+            return json_response(rule)
+        return json_response({attr: rule[_attribute(request)]})
+
+    async def put(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        scope, kind = request.match_info["scope"], request.match_info["kind"]
+        rule_id = request.match_info["rule_id"]
+        check_kind(scope, kind)
+        body = await read_json(request)
+        attr = request.match_info.get("attr")
+        if attr is not None:
+            value: Any = body.get(_attribute(request))
+            if attr == "enabled":
+                await push_rules.edit(
+                    requester.user_id, lambda doc: set_enabled(doc, kind, rule_id, value)
+                )
+            else:
+                await push_rules.edit(
+                    requester.user_id, lambda doc: set_actions(doc, kind, rule_id, value)
+                )
+            return json_response({})
+        before = request.query.get("before")
+        after = request.query.get("after")
+        await push_rules.edit(
+            requester.user_id, lambda doc: put_rule(doc, kind, rule_id, body, before, after)
+        )
+        return json_response({})
+
+    async def delete(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        scope, kind = request.match_info["scope"], request.match_info["kind"]
+        rule_id = request.match_info["rule_id"]
+        check_kind(scope, kind)
+        await push_rules.edit(requester.user_id, lambda doc: delete_rule(doc, kind, rule_id))
+        return json_response({})
+
+    base = "/pushrules/{scope}/{kind}/{rule_id}"
+    return [
+        Route("GET", "/pushrules/", get_rules),
+        Route("GET", "/pushrules/{scope}/", get_rules),
+        Route("GET", "/pushrules/{scope}/{kind}/", get_rules),
+        Route("GET", base, get_rule),
+        Route("PUT", base, put),
+        Route("DELETE", base, delete),
+        Route("GET", base + "/{attr}", get_rule),
+        Route("PUT", base + "/{attr}", put),
+    ]
