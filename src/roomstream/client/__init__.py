@@ -39,6 +39,7 @@ from roomstream.client.keys_routes import keys_routes
 from roomstream.client.legacy import LegacyReads
 from roomstream.client.legacy_routes import legacy_routes
 from roomstream.client.media_routes import media_routes
+from roomstream.client.notifications import Notifications
 from roomstream.client.notifier import Notifier
 from roomstream.client.openid_routes import openid_routes
 from roomstream.client.presence import PresenceTimeouts
@@ -285,7 +286,11 @@ class ClientProcess:
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
                 *media_routes(self.accounts, self.media),
                 *presence_routes(self.accounts, self.presence),
-                *push_routes(self.accounts, self.push_rules),
+                *push_routes(
+                    self.accounts,
+                    self.push_rules,
+                    Notifications(self.reader, self.push_rules),
+                ),
             ],
             self.client_ips,
         )

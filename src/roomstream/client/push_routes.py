@@ -7,6 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from roomstream.accounts import Accounts
+from roomstream.client.notifications import Notifications
 from roomstream.client.push_store import PushRulesStore
 from roomstream.client.pushrules import (
     check_kind,
@@ -18,11 +19,23 @@ from roomstream.client.pushrules import (
 )
 from roomstream.client.request import json_response, read_json
 from roomstream.client.server import Route, authenticate
-from roomstream.errors import UnrecognizedRequestError
+from roomstream.errors import InvalidParamError, UnrecognizedRequestError
 
 __all__ = ["push_routes"]
 
 ATTRIBUTES = ("enabled", "actions")
+#: ``/notifications`` page size: Synapse's default, and our most.
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 1000
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise InvalidParamError(f"{name} must be a non-negative integer")
+    return int(raw)
 
 
 def _attribute(request: web.Request) -> str:
@@ -32,7 +45,20 @@ def _attribute(request: web.Request) -> str:
     return attr
 
 
-def push_routes(accounts: Accounts, push_rules: PushRulesStore) -> list[Route]:
+def push_routes(
+    accounts: Accounts, push_rules: PushRulesStore, notifications: Notifications
+) -> list[Route]:
+    async def get_notifications(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        before = _int_param(request, "from")
+        limit = _int_param(request, "limit")
+        limit = DEFAULT_LIMIT if limit is None else min(max(limit, 1), MAX_LIMIT)
+        only = request.query.get("only")
+        if only not in (None, "highlight"):
+            raise InvalidParamError("only may be 'highlight'")
+        body = await notifications.page(requester.user_id, before, limit, only == "highlight")
+        return json_response(body)
+
     async def get_rules(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         rules = await push_rules.rules_of(requester.user_id)
@@ -94,6 +120,7 @@ def push_routes(accounts: Accounts, push_rules: PushRulesStore) -> list[Route]:
 
     base = "/pushrules/{scope}/{kind}/{rule_id}"
     return [
+        Route("GET", "/notifications", get_notifications),
         Route("GET", "/pushrules/", get_rules),
         Route("GET", "/pushrules/{scope}/", get_rules),
         Route("GET", "/pushrules/{scope}/{kind}/", get_rules),

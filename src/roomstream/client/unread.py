@@ -38,7 +38,14 @@ from roomstream.reading import RoomReader
 from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Transaction
 
-__all__ = ["PushContext", "UnreadCounter", "evaluate"]
+__all__ = [
+    "PushContext",
+    "UnreadCounter",
+    "decide",
+    "evaluate",
+    "is_highlight",
+    "push_context_txn",
+]
 
 #: Rules that intentional mentions (``m.mentions`` in the content) turn off.
 LEGACY_MENTION_RULES = frozenset(
@@ -164,11 +171,12 @@ def _rule_holds(
     return all(_holds(c, event, ctx) for c in conditions)
 
 
-def evaluate(
+def decide(
     rules: Mapping[str, Any], event: Mapping[str, Any], ctx: PushContext
-) -> tuple[bool, bool]:
-    """``(notify, highlight)`` for ``event`` (a PDU or client-format event) under the
-    push-rules document ``rules`` (``{"global": {kind: [rule...]}}``)."""
+) -> list[Any] | None:
+    """The actions of the rule that decides for ``event`` (a PDU or client-format event)
+    under the push-rules document ``rules`` (``{"global": {kind: [rule...]}}``); None
+    when no rule matches."""
     ruleset = rules.get("global", {})
     content = event.get("content")
     intentional = isinstance(content, Mapping) and "m.mentions" in content
@@ -180,15 +188,28 @@ def evaluate(
                 continue
             if _rule_holds(kind, rule, event, ctx):
                 actions = rule.get("actions", [])
-                notify = "notify" in actions
-                highlight = any(
-                    isinstance(a, Mapping)
-                    and a.get("set_tweak") == "highlight"
-                    and a.get("value", True) is True
-                    for a in actions
-                )
-                return notify, notify and highlight
-    return False, False
+                return list(actions) if isinstance(actions, list) else []
+    return None
+
+
+def is_highlight(actions: Sequence[Any]) -> bool:
+    """A ``highlight`` tweak whose value is true or missing."""
+    return any(
+        isinstance(a, Mapping)
+        and a.get("set_tweak") == "highlight"
+        and a.get("value", True) is True
+        for a in actions
+    )
+
+
+def evaluate(
+    rules: Mapping[str, Any], event: Mapping[str, Any], ctx: PushContext
+) -> tuple[bool, bool]:
+    """``(notify, highlight)`` for ``event`` under ``rules`` (:func:`decide`)."""
+    actions = decide(rules, event, ctx)
+    if actions is None or "notify" not in actions:
+        return False, False
+    return True, is_highlight(actions)
 
 
 def count_unread(
@@ -337,7 +358,7 @@ def _counts_txn(
             counts = prior
             if rows:
                 events = _events_in_order(txn, [str(r[0]) for r in rows])
-                n, h = count_unread(rules, events, _context_txn(txn, room_id, user_id))
+                n, h = count_unread(rules, events, push_context_txn(txn, room_id, user_id))
                 counts = (prior[0] + n, prior[1] + h)
                 after = int(rows[-1][1])
             result[room_id] = _Counted(start_at, after, checked_at, counts, rules)
@@ -351,7 +372,7 @@ def _events_in_order(txn: Transaction, event_ids: list[str]) -> list[Mapping[str
     return [loaded[e].data for e in event_ids if e in loaded]
 
 
-def _context_txn(txn: Transaction, room_id: str, user_id: str) -> PushContext:
+def push_context_txn(txn: Transaction, room_id: str, user_id: str) -> PushContext:
     row = txn.query_one(
         "SELECT COUNT(*) FROM current_state_events"
         " WHERE room_id = ? AND type = 'm.room.member' AND membership = 'join'",
