@@ -16,7 +16,7 @@ for profiles (new membership events read them through the event creator's
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from roomstream.accounts import Accounts, AccountStore
@@ -50,6 +50,7 @@ from roomstream.client.profile_routes import profile_routes
 from roomstream.client.profiles import ProfileFanOut, ProfileService
 from roomstream.client.push_routes import push_routes
 from roomstream.client.push_store import PushRulesStore
+from roomstream.client.pushers import PusherPool, PusherStore, parse_pusher
 from roomstream.client.pushrules import PUSH_RULES
 from roomstream.client.read_routes import read_routes
 from roomstream.client.room_routes import room_routes
@@ -59,6 +60,7 @@ from roomstream.client.sliding_sync import SlidingSyncHandler, sliding_sync_rout
 from roomstream.client.store import ClientStore
 from roomstream.client.sync import SyncHandler
 from roomstream.client.typing import TypingState, TypingWriter
+from roomstream.client.unread import UnreadCounter
 from roomstream.client.userdata import UserData
 from roomstream.client.userdata_routes import userdata_routes
 from roomstream.client.writes import RoomWriter, UserDataWriter, forwarded_call
@@ -194,6 +196,8 @@ class ClientProcess:
         def forget_ignored(
             stream: str, writer: str, since: int, upto: int, updates: list[Any]
         ) -> None:
+            if stream == "events":
+                self.pushers.on_new_events()
             if stream == "account_data":
                 ignored.on_account_data_rows([row for _, row in updates])
                 push_rules.on_account_data_rows([row for _, row in updates])
@@ -221,9 +225,17 @@ class ClientProcess:
         self.accounts.devices_deleted_listeners.append(forget_devices)
         #: Presence: the machine on the presence writer, the relay to it elsewhere.
         self.presence = _presence(config, engine, http_client, send_command)
+        #: Pushers; the pushers writer delivers their notifications.
+        self.pushers = _pushers(config, engine, self.reader, self.push_rules)
         #: What this process does for writes other processes forward to it.
         self.forwarded = ForwardedWrites(
-            self.accounts, self.rooms, self.userdata, self.typing, self.keys, self.presence.writer
+            self.accounts,
+            self.rooms,
+            self.userdata,
+            self.typing,
+            self.keys,
+            self.presence.writer,
+            self.pushers if self.pushers.delivers else None,
         )
         #: The media repository (uploads, downloads, thumbnails).
         self.media: MediaRepository = open_media(config, engine.db)
@@ -290,6 +302,8 @@ class ClientProcess:
                     self.accounts,
                     self.push_rules,
                     Notifications(self.reader, self.push_rules),
+                    self.pushers.store,
+                    self._set_pusher_call(http_client),
                 ),
             ],
             self.client_ips,
@@ -313,13 +327,34 @@ class ClientProcess:
 
     def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None:
         self.notifier.on_replicated_position(stream_name, writer, position)
+        if stream_name == "events":
+            self.pushers.on_new_events()
+
+    def _set_pusher_call(
+        self, http_client: InternalHttpClient | None
+    ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        pool = self.pushers
+        writer = self.config.writers_of("pushers")[0]
+
+        async def set_pusher(user_id: str, body: dict[str, Any]) -> None:
+            if pool.delivers or http_client is None:
+                pusher, append = parse_pusher(user_id, body)
+                await pool.set(pusher, append, user_id)
+                return
+            call = ep.PusherCall(user_id, body)
+            await forwarded_call(writer, http_client.call(ep.PUSHER, writer, call))
+
+        return set_pusher
 
     async def start(self) -> None:
         """Start what runs in the background (presence: restoring states, the relay's
-        bookkeeping); the API serves without it (a fresh presence writer, no relay)."""
+        bookkeeping; the pushers' deliveries on their writer); the API serves without it
+        (a fresh presence writer, no relay, no pushes)."""
         await self.presence.start()
+        await self.pushers.start()
 
     def close(self) -> None:
+        self.pushers.close()
         self.media.close()
         self.presence.close()
         self.client_ips.close()
@@ -440,4 +475,27 @@ def build_client_api(
         announce=announce,
         invalidations_live=invalidations_live,
         send_command=send_command,
+    )
+
+
+def _pushers(
+    config: Config, engine: RoomEngine, reader: RoomReader, push_rules: PushRulesStore
+) -> PusherPool:
+    """The pusher pool: delivering on the ``pushers`` writer, a store elsewhere."""
+    counter = UnreadCounter(reader, push_rules.rules_of)
+    events = engine.streams.generator("events")
+
+    async def unread_rooms(user_id: str) -> int:
+        # The badge: rooms with unread notifications (Synapse's group_by_room default).
+        rooms = await reader.changes.rooms_for_user(user_id)
+        joined = [r for r, membership in rooms.items() if membership == "join"]
+        counts = await counter.counts(user_id, joined)
+        return sum(1 for c in counts.values() if c["notification_count"] > 0)
+
+    return PusherPool(
+        PusherStore(engine.streams, config.instance_name),
+        push_rules,
+        events.get_linear_position,
+        unread_rooms,
+        delivers=config.instance_name == config.writers_of("pushers")[0],
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -9,6 +10,7 @@ from aiohttp import web
 from roomstream.accounts import Accounts
 from roomstream.client.notifications import Notifications
 from roomstream.client.push_store import PushRulesStore
+from roomstream.client.pushers import PusherStore, parse_pusher
 from roomstream.client.pushrules import (
     check_kind,
     delete_rule,
@@ -24,6 +26,8 @@ from roomstream.errors import InvalidParamError, UnrecognizedRequestError
 __all__ = ["push_routes"]
 
 ATTRIBUTES = ("enabled", "actions")
+#: Carries out ``/pushers/set`` (user, body) on the pushers writer, here or forwarded.
+SetPusher = Callable[[str, dict[str, Any]], Awaitable[None]]
 #: ``/notifications`` page size: Synapse's default, and our most.
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
@@ -46,8 +50,24 @@ def _attribute(request: web.Request) -> str:
 
 
 def push_routes(
-    accounts: Accounts, push_rules: PushRulesStore, notifications: Notifications
+    accounts: Accounts,
+    push_rules: PushRulesStore,
+    notifications: Notifications,
+    pushers: PusherStore,
+    set_pusher: SetPusher,
 ) -> list[Route]:
+    async def get_pushers(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        found = await pushers.list_for_user(requester.user_id)
+        return json_response({"pushers": [p.to_json() for p in found]})
+
+    async def post_pushers_set(request: web.Request) -> web.Response:
+        requester = await authenticate(accounts, request)
+        body = await read_json(request)
+        parse_pusher(requester.user_id, body)  # bad input is refused here, not forwarded
+        await set_pusher(requester.user_id, body)
+        return json_response({})
+
     async def get_notifications(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         before = _int_param(request, "from")
@@ -121,6 +141,8 @@ def push_routes(
     base = "/pushrules/{scope}/{kind}/{rule_id}"
     return [
         Route("GET", "/notifications", get_notifications),
+        Route("GET", "/pushers", get_pushers),
+        Route("POST", "/pushers/set", post_pushers_set),
         Route("GET", "/pushrules/", get_rules),
         Route("GET", "/pushrules/{scope}/", get_rules),
         Route("GET", "/pushrules/{scope}/{kind}/", get_rules),
