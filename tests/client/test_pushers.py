@@ -33,6 +33,8 @@ class Gateway:
         self.received: list[dict[str, Any]] = []
         self.attempts = 0
         self.failures = 0
+        #: Pushkeys answered as rejected.
+        self.rejected: list[str] = []
         self.server: TestServer | None = None
 
     async def notify(self, request: web.Request) -> web.Response:
@@ -41,7 +43,7 @@ class Gateway:
             self.failures -= 1
             return web.json_response({"error": "down"}, status=500)
         self.received.append(orjson.loads(await request.read())["notification"])
-        return web.json_response({"rejected": []})
+        return web.json_response({"rejected": self.rejected})
 
     @property
     def url(self) -> str:
@@ -229,3 +231,31 @@ async def test_a_restart_resumes_after_the_last_delivered_event(
             # In order: had m1 been sent again, it would come before m3.
             await wait_for(lambda: len(gw.received) >= 2 and gw.bodies()[-1] == "m3", what="m3")
             assert gw.bodies() == ["m1", "m2", "m3"]
+
+
+async def test_a_rejected_pushkey_loses_its_pusher(
+    db_config: DatabaseConfig, tmp_path: Path
+) -> None:
+    async with gateway() as gw, pushing_homeserver(db_config, tmp_path) as hs:
+        alice = await hs.register("alice")
+        bob = await hs.register("bob")
+        room_id = await room_with(hs, bob, alice)
+        await _set(hs, alice, _pusher(gw.url))
+        gw.rejected = ["key-1"]
+        await send(hs, bob, room_id, "m1")
+
+        async def pushers() -> list[Any]:
+            return list((await hs.ok("GET", "/pushers", token=alice.token))["pushers"])
+
+        await wait_for(lambda: gw.bodies() == ["m1"], what="m1")
+        await wait_for(lambda: _no(pushers()), what="the pusher deleted")
+        # Nothing more is sent to it (a new pusher, then an event: only the new one's).
+        gw.rejected = []
+        await _set(hs, alice, _pusher(gw.url, pushkey="key-2"))
+        await send(hs, bob, room_id, "m2")
+        await wait_for(lambda: len(gw.received) >= 2, what="m2")
+        assert [n["devices"][0]["pushkey"] for n in gw.received] == ["key-1", "key-2"]
+
+
+async def _no(found: Any) -> bool:
+    return not await found

@@ -328,6 +328,8 @@ class Pusher:
         self.wake = asyncio.Event()
         self.wake.set()
         self.task: asyncio.Task[None] | None = None
+        #: The gateway rejected the pushkey: the pusher is deleted and its loop ends.
+        self.removed = False
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"pusher {self.config.user_id}")
@@ -337,7 +339,7 @@ class Pusher:
             self.task.cancel()
 
     async def _run(self) -> None:
-        while True:
+        while not self.removed:
             await self.wake.wait()
             self.wake.clear()
             try:
@@ -387,6 +389,7 @@ class Pusher:
                 self.position = notification.stream_ordering
                 await pool.store.advance(self.config, self.position, True, None)
                 if self.config.pushkey in outcome:
+                    self.removed = True
                     await pool.remove(self.config)
                     return False
                 return True
