@@ -506,10 +506,11 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
                     f"stream_writers.{stream} names {name!r}, which is not among instances"
                     f" ({', '.join(sorted(instances)) or 'none'})"
                 )
-    if len(writers.get("presence", ())) > 1:
-        problems.append(
-            "stream_writers.presence must name one instance: presence has a single writer"
-        )
+    for single in ("presence", "pushers"):
+        if len(writers.get(single, ())) > 1:
+            problems.append(
+                f"stream_writers.{single} must name one instance: {single} has a single writer"
+            )
     problems.extend(_listener_problems(instances, replication))
     if problems:
         raise ConfigError(problems)

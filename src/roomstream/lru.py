@@ -66,6 +66,7 @@ CACHES: dict[str, CacheSpec] = {
     "sync_sent_members": CacheSpec(10_000, "lazy-loaded members sent to each device"),
     "unread_counts": CacheSpec(100_000, "unread counts by (user, room) (client.unread)"),
     "ignored_users": CacheSpec(50_000, "users' ignored users (client.ignored)"),
+    "push_rules": CacheSpec(50_000, "users' effective push rules (client.push_store)"),
     "sliding_lists": CacheSpec(10_000, "sliding sync room lists by user"),
     "sliding_derived": CacheSpec(256, "sliding sync derived room data"),
     "sliding_direct": CacheSpec(10_000, "users' direct rooms (m.direct)"),

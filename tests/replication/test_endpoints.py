@@ -116,6 +116,8 @@ def test_paths_and_streams_are_those_of_earlier_releases() -> None:
         ("/client/e2e_keys", "device_lists", "result"),
         # Added with presence: a device's presence for the presence writer.
         ("/client/presence", "presence", None),
+        # Added with pushers: POST /pushers/set for the pushers writer.
+        ("/client/pusher", "pushers", None),
     }
     assert ep.SEND.encode_answer("$e") == {"event_id": "$e"}
     assert ep.TYPING.encode_answer(None) == {}

@@ -16,7 +16,7 @@ for profiles (new membership events read them through the event creator's
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from roomstream.accounts import Accounts, AccountStore
@@ -39,6 +39,7 @@ from roomstream.client.keys_routes import keys_routes
 from roomstream.client.legacy import LegacyReads
 from roomstream.client.legacy_routes import legacy_routes
 from roomstream.client.media_routes import media_routes
+from roomstream.client.notifications import Notifications
 from roomstream.client.notifier import Notifier
 from roomstream.client.openid_routes import openid_routes
 from roomstream.client.presence import PresenceTimeouts
@@ -47,6 +48,10 @@ from roomstream.client.presence_service import PresenceService, PresenceWriter, 
 from roomstream.client.presence_store import PresenceStore
 from roomstream.client.profile_routes import profile_routes
 from roomstream.client.profiles import ProfileFanOut, ProfileService
+from roomstream.client.push_routes import push_routes
+from roomstream.client.push_store import PushRulesStore
+from roomstream.client.pushers import PusherPool, PusherStore, parse_pusher
+from roomstream.client.pushrules import PUSH_RULES
 from roomstream.client.read_routes import read_routes
 from roomstream.client.relations_routes import relations_routes
 from roomstream.client.reports import Reports
@@ -59,6 +64,7 @@ from roomstream.client.spaces import SpaceHierarchy
 from roomstream.client.store import ClientStore
 from roomstream.client.sync import SyncHandler
 from roomstream.client.typing import TypingState, TypingWriter
+from roomstream.client.unread import UnreadCounter
 from roomstream.client.upgrades import RoomUpgrades
 from roomstream.client.userdata import UserData
 from roomstream.client.userdata_routes import userdata_routes
@@ -178,11 +184,28 @@ class ClientProcess:
             lambda user, room, data_type: ignored.on_account_data_rows([(user, room, data_type)])
         )
 
+        user_data_writer = self.user_data_writer
+
+        async def load_push_rules(user_id: str) -> dict[str, Any] | None:
+            return await userdata.get_account_data(user_id, None, PUSH_RULES)
+
+        async def write_push_rules(user_id: str, content: Any) -> None:
+            await user_data_writer.put_account_data(user_id, None, PUSH_RULES, content)
+
+        self.push_rules = PushRulesStore(load_push_rules, write_push_rules)
+        push_rules = self.push_rules
+        user_data_writer.account_data_written.append(
+            lambda user, room, data_type: push_rules.on_account_data_rows([(user, room, data_type)])
+        )
+
         def forget_ignored(
             stream: str, writer: str, since: int, upto: int, updates: list[Any]
         ) -> None:
+            if stream == "events":
+                self.pushers.on_new_events()
             if stream == "account_data":
                 ignored.on_account_data_rows([row for _, row in updates])
+                push_rules.on_account_data_rows([row for _, row in updates])
 
         # This process's own account-data rows (writes forwarded here included).
         self.notifier.local_row_listeners.append(forget_ignored)
@@ -207,9 +230,17 @@ class ClientProcess:
         self.accounts.devices_deleted_listeners.append(forget_devices)
         #: Presence: the machine on the presence writer, the relay to it elsewhere.
         self.presence = _presence(config, engine, http_client, send_command)
+        #: Pushers; the pushers writer delivers their notifications.
+        self.pushers = _pushers(config, engine, self.reader, self.push_rules)
         #: What this process does for writes other processes forward to it.
         self.forwarded = ForwardedWrites(
-            self.accounts, self.rooms, self.userdata, self.typing, self.keys, self.presence.writer
+            self.accounts,
+            self.rooms,
+            self.userdata,
+            self.typing,
+            self.keys,
+            self.presence.writer,
+            self.pushers if self.pushers.delivers else None,
         )
         #: The media repository (uploads, downloads, thumbnails).
         self.media: MediaRepository = open_media(config, engine.db)
@@ -240,6 +271,7 @@ class ClientProcess:
                         ignored=self.ignored,
                         keys=self.keys,
                         presence=self.presence.store,
+                        push_rules=self.push_rules,
                     ),
                     self.ignored,
                     presence=self.presence,
@@ -281,6 +313,13 @@ class ClientProcess:
                     self.reports,
                     self.reader,
                 ),
+                *push_routes(
+                    self.accounts,
+                    self.push_rules,
+                    Notifications(self.reader, self.push_rules),
+                    self.pushers.store,
+                    self._set_pusher_call(http_client),
+                ),
             ],
             self.client_ips,
         )
@@ -295,6 +334,7 @@ class ClientProcess:
                 self.typing_state.apply(token, str(row.room_id), list(row.user_ids))
         elif stream_name == "account_data":
             self.ignored.on_account_data_rows(rows)
+            self.push_rules.on_account_data_rows(rows)
         elif stream_name == "caches" and self.token_cache is not None:
             for row in rows:
                 self.token_cache.apply_cache_row(row)
@@ -302,13 +342,34 @@ class ClientProcess:
 
     def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None:
         self.notifier.on_replicated_position(stream_name, writer, position)
+        if stream_name == "events":
+            self.pushers.on_new_events()
+
+    def _set_pusher_call(
+        self, http_client: InternalHttpClient | None
+    ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        pool = self.pushers
+        writer = self.config.writers_of("pushers")[0]
+
+        async def set_pusher(user_id: str, body: dict[str, Any]) -> None:
+            if pool.delivers or http_client is None:
+                pusher, append = parse_pusher(user_id, body)
+                await pool.set(pusher, append, user_id)
+                return
+            call = ep.PusherCall(user_id, body)
+            await forwarded_call(writer, http_client.call(ep.PUSHER, writer, call))
+
+        return set_pusher
 
     async def start(self) -> None:
         """Start what runs in the background (presence: restoring states, the relay's
-        bookkeeping); the API serves without it (a fresh presence writer, no relay)."""
+        bookkeeping; the pushers' deliveries on their writer); the API serves without it
+        (a fresh presence writer, no relay, no pushes)."""
         await self.presence.start()
+        await self.pushers.start()
 
     def close(self) -> None:
+        self.pushers.close()
         self.media.close()
         self.presence.close()
         self.client_ips.close()
@@ -429,4 +490,27 @@ def build_client_api(
         announce=announce,
         invalidations_live=invalidations_live,
         send_command=send_command,
+    )
+
+
+def _pushers(
+    config: Config, engine: RoomEngine, reader: RoomReader, push_rules: PushRulesStore
+) -> PusherPool:
+    """The pusher pool: delivering on the ``pushers`` writer, a store elsewhere."""
+    counter = UnreadCounter(reader, push_rules.rules_of)
+    events = engine.streams.generator("events")
+
+    async def unread_rooms(user_id: str) -> int:
+        # The badge: rooms with unread notifications (Synapse's group_by_room default).
+        rooms = await reader.changes.rooms_for_user(user_id)
+        joined = [r for r, membership in rooms.items() if membership == "join"]
+        counts = await counter.counts(user_id, joined)
+        return sum(1 for c in counts.values() if c["notification_count"] > 0)
+
+    return PusherPool(
+        PusherStore(engine.streams, config.instance_name),
+        push_rules,
+        events.get_linear_position,
+        unread_rooms,
+        delivers=config.instance_name == config.writers_of("pushers")[0],
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 from roomstream.accounts import Accounts, Keep, Requester
 from roomstream.client.presence_service import PresenceWriter
+from roomstream.client.pushers import PusherPool, parse_pusher
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.typing import TypingWriter
 from roomstream.client.userdata import UserData
@@ -36,7 +37,9 @@ class ForwardedWrites:
         typing: TypingWriter | None,
         keys: E2eKeys | None = None,
         presence: PresenceWriter | None = None,
+        pushers: PusherPool | None = None,
     ) -> None:
+        self.pushers = pushers
         self.keys = keys
         self.presence = presence
         self.accounts = accounts
@@ -57,7 +60,14 @@ class ForwardedWrites:
             ep.TYPING.bind(self.set_typing),
             ep.E2E_KEYS.bind(self.e2e_keys),
             ep.PRESENCE.bind(self.set_presence),
+            ep.PUSHER.bind(self.set_pusher),
         ]
+
+    async def set_pusher(self, call: ep.PusherCall) -> None:
+        if self.pushers is None:
+            raise ServiceUnavailableError("pushers are not served here", retry_after_ms=1000)
+        pusher, append = parse_pusher(call.user_id, call.body)
+        await self.pushers.set(pusher, append, call.user_id)
 
     async def create_room(self, call: ep.CreateRoomCall) -> str:
         requester = Requester(call.creator, FORWARDED_DEVICE)

@@ -23,6 +23,7 @@ from roomstream.client.filtering import EMPTY_SYNC_FILTER, SyncFilter
 from roomstream.client.ignored import IgnoredUsers
 from roomstream.client.notifier import Notifier
 from roomstream.client.presence_store import PresenceStore
+from roomstream.client.push_store import PushRulesStore
 from roomstream.client.store import ClientStore
 from roomstream.client.sync_sections import (
     SECTIONS,
@@ -125,12 +126,13 @@ class SyncHandler:
         ignored: IgnoredUsers | None = None,
         keys: E2eKeys | None = None,
         presence: PresenceStore | None = None,
+        push_rules: PushRulesStore | None = None,
     ) -> None:
         self.reader = reader
         self.notifier = notifier
         #: The sections, in token order (:data:`SECTIONS`).
         self.sections = build_sections(
-            SyncServices(reader, userdata, typing, store, ignored, keys, presence)
+            SyncServices(reader, userdata, typing, store, ignored, keys, presence, push_rules)
         )
         #: (user, device) -> lazy-loaded members it was sent (most recent last).
         self._sent_members: LruCache[tuple[str, str], _SentMembers] = LruCache("sync_sent_members")

@@ -1,8 +1,9 @@
 """Unread notification counts (``unread_notifications`` of ``/sync``): push-rule
 evaluation and counting since the user's read receipt.
 
-:func:`evaluate` runs a push-rules document (the server defaults of
-:mod:`roomstream.client.pushrules`) over one event, as the spec's "Push Rules" section
+:func:`evaluate` runs a push-rules document (the user's, :mod:`roomstream.client.
+push_store`; the server defaults of :mod:`roomstream.client.pushrules` without one) over
+one event, as the spec's "Push Rules" section
 says: kinds ``override``, ``content``, ``room``, ``sender``, ``underride`` in that order,
 the first enabled rule whose conditions all hold decides; ``notify`` in its actions
 counts a notification, a ``highlight`` tweak (value true or missing) a highlight.
@@ -23,7 +24,7 @@ the room's current state (its member count, the user's display name, power level
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,14 @@ from roomstream.reading import RoomReader
 from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Transaction
 
-__all__ = ["PushContext", "UnreadCounter", "evaluate"]
+__all__ = [
+    "PushContext",
+    "UnreadCounter",
+    "decide",
+    "evaluate",
+    "is_highlight",
+    "push_context_txn",
+]
 
 #: Rules that intentional mentions (``m.mentions`` in the content) turn off.
 LEGACY_MENTION_RULES = frozenset(
@@ -163,11 +171,12 @@ def _rule_holds(
     return all(_holds(c, event, ctx) for c in conditions)
 
 
-def evaluate(
+def decide(
     rules: Mapping[str, Any], event: Mapping[str, Any], ctx: PushContext
-) -> tuple[bool, bool]:
-    """``(notify, highlight)`` for ``event`` (a PDU or client-format event) under the
-    push-rules document ``rules`` (``{"global": {kind: [rule...]}}``)."""
+) -> list[Any] | None:
+    """The actions of the rule that decides for ``event`` (a PDU or client-format event)
+    under the push-rules document ``rules`` (``{"global": {kind: [rule...]}}``); None
+    when no rule matches."""
     ruleset = rules.get("global", {})
     content = event.get("content")
     intentional = isinstance(content, Mapping) and "m.mentions" in content
@@ -179,15 +188,28 @@ def evaluate(
                 continue
             if _rule_holds(kind, rule, event, ctx):
                 actions = rule.get("actions", [])
-                notify = "notify" in actions
-                highlight = any(
-                    isinstance(a, Mapping)
-                    and a.get("set_tweak") == "highlight"
-                    and a.get("value", True) is True
-                    for a in actions
-                )
-                return notify, notify and highlight
-    return False, False
+                return list(actions) if isinstance(actions, list) else []
+    return None
+
+
+def is_highlight(actions: Sequence[Any]) -> bool:
+    """A ``highlight`` tweak whose value is true or missing."""
+    return any(
+        isinstance(a, Mapping)
+        and a.get("set_tweak") == "highlight"
+        and a.get("value", True) is True
+        for a in actions
+    )
+
+
+def evaluate(
+    rules: Mapping[str, Any], event: Mapping[str, Any], ctx: PushContext
+) -> tuple[bool, bool]:
+    """``(notify, highlight)`` for ``event`` under ``rules`` (:func:`decide`)."""
+    actions = decide(rules, event, ctx)
+    if actions is None or "notify" not in actions:
+        return False, False
+    return True, is_highlight(actions)
 
 
 def count_unread(
@@ -218,6 +240,9 @@ class _Counted:
     upto: int
     checked_at: int
     counts: tuple[int, int]
+    #: The rules document they were counted with (compared by identity: the rules store
+    #: hands out one object until the user's rules change).
+    rules: Mapping[str, Any]
 
 
 class UnreadCounter:
@@ -231,17 +256,30 @@ class UnreadCounter:
     costs two statements (receipts, memberships) whatever the number of rooms.
     """
 
-    def __init__(self, reader: RoomReader) -> None:
+    def __init__(
+        self,
+        reader: RoomReader,
+        rules_of: Callable[[str], Awaitable[Mapping[str, Any]]] | None = None,
+    ) -> None:
+        """``rules_of``: a user's push rules (None: everyone has the server defaults)."""
         self.reader = reader
+        self.rules_of = rules_of
         self._counted: LruCache[tuple[str, str], _Counted] = LruCache("unread_counts")
 
     async def counts(self, user_id: str, room_ids: Sequence[str]) -> dict[str, dict[str, int]]:
         """room -> ``{"notification_count", "highlight_count"}``."""
         if not room_ids:
             return {}
-        rules = default_push_rules(user_id)
+        rules = (
+            default_push_rules(user_id) if self.rules_of is None else await self.rules_of(user_id)
+        )
         checked_at = self.reader.ingested_floor
-        known = {r: c for r in room_ids if (c := self._counted.get((user_id, r))) is not None}
+        # Counts made under other rules (the user changed them) are counted again.
+        known = {
+            r: c
+            for r in room_ids
+            if (c := self._counted.get((user_id, r))) is not None and c.rules is rules
+        }
         # Rooms with events since they were counted: counted on from where they stopped.
         grown = {
             r: known.pop(r)
@@ -320,10 +358,10 @@ def _counts_txn(
             counts = prior
             if rows:
                 events = _events_in_order(txn, [str(r[0]) for r in rows])
-                n, h = count_unread(rules, events, _context_txn(txn, room_id, user_id))
+                n, h = count_unread(rules, events, push_context_txn(txn, room_id, user_id))
                 counts = (prior[0] + n, prior[1] + h)
                 after = int(rows[-1][1])
-            result[room_id] = _Counted(start_at, after, checked_at, counts)
+            result[room_id] = _Counted(start_at, after, checked_at, counts, rules)
     return result
 
 
@@ -334,7 +372,7 @@ def _events_in_order(txn: Transaction, event_ids: list[str]) -> list[Mapping[str
     return [loaded[e].data for e in event_ids if e in loaded]
 
 
-def _context_txn(txn: Transaction, room_id: str, user_id: str) -> PushContext:
+def push_context_txn(txn: Transaction, room_id: str, user_id: str) -> PushContext:
     row = txn.query_one(
         "SELECT COUNT(*) FROM current_state_events"
         " WHERE room_id = ? AND type = 'm.room.member' AND membership = 'join'",

@@ -1,5 +1,5 @@
 """Handlers for account data, tags, filters, typing, receipts, read markers, to-device
-messages and push rules."""
+messages."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from aiohttp import web
 from roomstream.accounts import Accounts, Requester
 from roomstream.client.filtering import parse_sync_filter
 from roomstream.client.notifier import Notifier
-from roomstream.client.pushrules import default_push_rules
+from roomstream.client.pushrules import PUSH_RULES
 from roomstream.client.request import json_response, optional, read_json, required
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
@@ -20,7 +20,6 @@ from roomstream.errors import (
     ForbiddenError,
     InvalidParamError,
     NotFoundError,
-    UnrecognizedRequestError,
 )
 
 __all__ = ["userdata_routes"]
@@ -56,6 +55,9 @@ def userdata_routes(
         user_id = _own(request, requester)
         room_id = request.match_info.get("room_id")
         content = await read_json(request)
+        if room_id is None and request.match_info["data_type"] == PUSH_RULES:
+            # The push-rules API keeps this document consistent (MSC4010: refused here).
+            raise BadJsonError("m.push_rules is changed through the /pushrules API")
         if room_id is not None:
             await rooms.require_joined(requester, room_id)
         await writes.put_account_data(user_id, room_id, _key(request, "data_type"), content)
@@ -185,17 +187,6 @@ def userdata_routes(
         )
         return json_response({})
 
-    async def push_rules(request: web.Request) -> web.Response:
-        requester = await authenticate(accounts, request)
-        rules = default_push_rules(requester.user_id)
-        scope = request.match_info.get("scope")
-        if scope is not None:
-            if scope not in rules:
-                # Synapse: an unknown scope is an unrecognised request, not a missing one.
-                raise UnrecognizedRequestError(f"unknown push rule scope {scope!r}")
-            return json_response(rules[scope])
-        return json_response(rules)
-
     user = "/user/{user_id}"
     room_data = user + "/rooms/{room_id}/account_data/{data_type}"
     tags = user + "/rooms/{room_id}/tags"
@@ -213,6 +204,4 @@ def userdata_routes(
         Route("POST", "/rooms/{room_id}/receipt/{receipt_type}/{event_id}", post_receipt),
         Route("POST", "/rooms/{room_id}/read_markers", read_markers),
         Route("PUT", "/sendToDevice/{event_type}/{txn_id}", send_to_device),
-        Route("GET", "/pushrules/", push_rules),
-        Route("GET", "/pushrules/{scope}/", push_rules),
     ]

@@ -72,6 +72,7 @@ __all__ = [
     "PATH",
     "PRESENCE",
     "PRESENCE_STATES",
+    "PUSHER",
     "RECEIPT",
     "SEND",
     "SEND_EVENT",
@@ -90,6 +91,7 @@ __all__ = [
     "Id",
     "InternalEndpoint",
     "PresenceCall",
+    "PusherCall",
     "ReceiptCall",
     "SendCall",
     "SendEventCall",
@@ -557,6 +559,18 @@ class PresenceCall:
 
 PRESENCE = InternalEndpoint[PresenceCall, None]("presence", "presence", PresenceCall)
 
+
+@dataclass(frozen=True)
+class PusherCall:
+    """``POST /pushers/set`` for the pushers writer: the user and the request's body
+    (validated again there)."""
+
+    user_id: UserId
+    body: dict[str, Any]
+
+
+PUSHER = InternalEndpoint[PusherCall, None]("pusher", "pushers", PusherCall)
+
 #: Every forwarded Client-Server API write; the internal server registers each.
 CLIENT_WRITES: tuple[InternalEndpoint[Any, Any], ...] = (
     CREATE_ROOM,
@@ -568,6 +582,7 @@ CLIENT_WRITES: tuple[InternalEndpoint[Any, Any], ...] = (
     TYPING,
     E2E_KEYS,
     PRESENCE,
+    PUSHER,
 )
 
 

@@ -83,6 +83,9 @@ TABLE_OWNERS: Mapping[str, str] = {
     "e2e_room_keys_versions": "roomstream.e2e.backup_store",
     "e2e_room_keys": "roomstream.e2e.backup_store",
     "device_lists_stream": "roomstream.e2e.device_lists",
+    # Pushers: the pushers stream's writer, which also delivers.
+    "pushers": "roomstream.client.pushers",
+    "deleted_pushers": "roomstream.client.pushers",
     # The media repository.
     "media": "roomstream.media.metadata",
     "media_thumbnails": "roomstream.media.metadata",

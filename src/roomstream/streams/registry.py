@@ -229,6 +229,28 @@ PRESENCE = StreamDefinition(
     ),
 )
 
+PUSHERS = StreamDefinition(
+    name="pushers",
+    row_fields=("user_id", "app_id", "pushkey", "deleted"),
+    sequence="pushers_sequence",
+    description=(
+        "Pushers added, changed or deleted; its one writer also delivers every pusher's "
+        "notifications (roomstream.client.pushers)."
+    ),
+    tables=(
+        StreamTable(
+            StreamTableRef("pushers"),
+            ("user_id", "app_id", "pushkey"),
+            lambda r: (*r, False),
+        ),
+        StreamTable(
+            StreamTableRef("deleted_pushers"),
+            ("user_id", "app_id", "pushkey"),
+            lambda r: (*r, True),
+        ),
+    ),
+)
+
 STREAMS: dict[str, StreamDefinition] = {
     s.name: s
     for s in (
@@ -241,6 +263,7 @@ STREAMS: dict[str, StreamDefinition] = {
         DEVICE_LISTS,
         TYPING,
         PRESENCE,
+        PUSHERS,
     )
 }
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Self
 from roomstream.client.filtering import SyncFilter
 from roomstream.client.ignored import IgnoredUsers
 from roomstream.client.presence_store import PresenceStore
+from roomstream.client.push_store import PushRulesStore
 from roomstream.client.store import ClientStore
 from roomstream.client.typing import TypingState
 from roomstream.client.userdata import UserData
@@ -86,6 +87,8 @@ class SyncServices:
     keys: E2eKeys | None = None
     #: The presence stream's table (None: no presence in /sync).
     presence: PresenceStore | None = None
+    #: Users' push rules, for unread counts (None: the server defaults for everyone).
+    push_rules: PushRulesStore | None = None
 
 
 @dataclass

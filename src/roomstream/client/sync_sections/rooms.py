@@ -20,6 +20,7 @@ from roomstream.client.filtering import (
     SyncFilter,
 )
 from roomstream.client.ignored import IgnoredUsers, hide_ignored, ignored_invite
+from roomstream.client.push_store import PushRulesStore
 from roomstream.client.relations_routes import bundle_aggregations
 from roomstream.client.store import ClientStore
 from roomstream.client.sync_sections.base import (
@@ -48,16 +49,17 @@ class RoomsSection(SyncSection):
         reader: RoomReader,
         store: ClientStore,
         ignored: IgnoredUsers | None,
+        push_rules: PushRulesStore | None = None,
     ) -> None:
         self.reader = reader
         self.store = store
         #: Whom each user ignores (None: nobody ignores anyone).
         self.ignored = ignored
-        self.unread = UnreadCounter(reader)
+        self.unread = UnreadCounter(reader, None if push_rules is None else push_rules.rules_of)
 
     @classmethod
     def from_services(cls, services: SyncServices) -> Self:
-        return cls(services.reader, services.store, services.ignored)
+        return cls(services.reader, services.store, services.ignored, services.push_rules)
 
     @staticmethod
     def parse_position(text: str) -> Any:

@@ -1,0 +1,68 @@
+"""``GET /notifications``: the events the user's push rules say notify, newest first,
+paged by ``from``/``limit``, ``only=highlight``, ``read`` from the receipt; never events
+from before the user joined, never their own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.client import room_with, send
+from tests.support.homeserver import Homeserver, User
+
+
+async def _notifications(hs: Homeserver, user: User, query: str = "") -> Any:
+    return await hs.ok("GET", "/notifications" + query, token=user.token)
+
+
+def _bodies(page: Any) -> list[str]:
+    return [n["event"]["content"]["body"] for n in page["notifications"]]
+
+
+async def test_notifications_newest_first_paged_and_highlights(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    bob = await homeserver.register("bob")
+    carol = await homeserver.register("carol")
+    room_id = await room_with(homeserver, bob, carol)
+    await send(homeserver, bob, room_id, "before alice joined")
+    await homeserver.ok("POST", f"/rooms/{room_id}/join", {}, token=alice.token)
+    first = await send(homeserver, bob, room_id, "m1")
+    await send(homeserver, alice, room_id, "alice's own")
+    await send(homeserver, carol, room_id, "m2 hello alice")  # contains_user_name: highlight
+    await send(homeserver, bob, room_id, "m3")
+    page = await _notifications(homeserver, alice)
+    assert _bodies(page) == ["m3", "m2 hello alice", "m1"]
+    assert "next_token" not in page
+    top = page["notifications"][0]
+    assert (top["room_id"], top["read"], top["actions"]) == (room_id, False, ["notify"])
+    assert isinstance(top["ts"], int) and top["event"]["sender"] == bob.user_id
+    # Pages of one: each next_token continues below the last.
+    seen: list[str] = []
+    query = "?limit=1"
+    while True:
+        one = await _notifications(homeserver, alice, query)
+        seen += _bodies(one)
+        if "next_token" not in one:
+            break
+        query = f"?limit=1&from={one['next_token']}"
+    assert seen == ["m3", "m2 hello alice", "m1"]
+    highlights = await _notifications(homeserver, alice, "?only=highlight")
+    assert _bodies(highlights) == ["m2 hello alice"]
+    # A receipt marks what is read.
+    await homeserver.ok("POST", f"/rooms/{room_id}/receipt/m.read/{first}", {}, token=alice.token)
+    read = {
+        n["event"]["content"]["body"]: n["read"]
+        for n in (await _notifications(homeserver, alice))["notifications"]
+    }
+    assert read == {"m3": False, "m2 hello alice": False, "m1": True}
+    # The user's rules decide: muting bob removes his messages.
+    await homeserver.ok(
+        "PUT", f"/pushrules/global/sender/{bob.user_id}", {"actions": []}, token=alice.token
+    )
+    assert _bodies(await _notifications(homeserver, alice)) == ["m2 hello alice"]
+
+
+async def test_bad_notifications_parameters(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    for query in ("?from=abc", "?limit=-1", "?only=everything"):
+        status, body = await homeserver.call("GET", "/notifications" + query, token=alice.token)
+        assert (status, body["errcode"]) == (400, "M_INVALID_PARAM"), query
