@@ -50,6 +50,7 @@ from roomstream.client.profiles import ProfileFanOut, ProfileService
 from roomstream.client.read_routes import read_routes
 from roomstream.client.room_routes import room_routes
 from roomstream.client.rooms import RoomService
+from roomstream.client.search_routes import search_routes
 from roomstream.client.server import ClientApi
 from roomstream.client.sliding_sync import SlidingSyncHandler, sliding_sync_routes
 from roomstream.client.store import ClientStore
@@ -266,6 +267,7 @@ class ClientProcess:
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
                 *media_routes(self.accounts, self.media),
                 *presence_routes(self.accounts, self.presence),
+                *search_routes(self.accounts, self.reader, self.ignored),
             ],
             self.client_ips,
         )

@@ -46,6 +46,8 @@ TABLE_OWNERS: Mapping[str, str] = {
     "timeline_events": "roomstream.reading.visibility",
     "visibility_memberships": "roomstream.reading.visibility",
     "visibility_backfill_rooms": "roomstream.reading.backfill",
+    # The search index (written by the persister's participant).
+    "event_search": "roomstream.reading.search",
     # Streams, caches, storage.
     "stream_positions": "roomstream.streams.id_generator",
     "cache_invalidations": "roomstream.caches",
