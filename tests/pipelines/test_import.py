@@ -27,7 +27,7 @@ from roomstream.events.format import parse_pdu
 from roomstream.events.hashing import compute_event_id
 from roomstream.events.model import Event
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, room_version
-from roomstream.pipelines.import_load import TABLES
+from roomstream.pipelines.import_load import NOT_COPIED, TABLES
 from roomstream.pipelines.import_task import (
     NO_ROOM,
     key_line,
@@ -123,8 +123,9 @@ def _tables(config: DatabaseConfig) -> dict[str, list[tuple[Any, ...]]]:
         db.close_blocking()
 
 
-#: Bookkeeping of the database itself, not facts: positions, sequences, migrations.
-_BOOKKEEPING = {"stream_positions", "roomstream_sequences", "schema_version", "sqlite_sequence"}
+#: Bookkeeping of the database itself, not facts: positions, sequences, migrations, and
+#: SQLite's FTS5 shadow tables of the search index (PostgreSQL has none).
+_BOOKKEEPING = set(NOT_COPIED)
 #: How states are stored: groups and their layout (branches of versioned entries). Which
 #: states get a group of their own depends on batching (persisting one event at a time
 #: stores the room's current state after every event; a batch, after the last), so they

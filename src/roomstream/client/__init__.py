@@ -57,6 +57,7 @@ from roomstream.client.relations_routes import relations_routes
 from roomstream.client.reports import Reports
 from roomstream.client.room_routes import room_routes
 from roomstream.client.rooms import RoomService
+from roomstream.client.search_routes import search_routes
 from roomstream.client.server import ClientApi
 from roomstream.client.sliding_sync import SlidingSyncHandler, sliding_sync_routes
 from roomstream.client.space_routes import space_routes
@@ -320,6 +321,7 @@ class ClientProcess:
                     self.pushers.store,
                     self._set_pusher_call(http_client),
                 ),
+                *search_routes(self.accounts, self.reader, self.ignored),
             ],
             self.client_ips,
         )

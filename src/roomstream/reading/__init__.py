@@ -10,7 +10,8 @@
   token), :mod:`~roomstream.reading.latest_rooms`, :mod:`~roomstream.reading.summaries`,
   :mod:`~roomstream.reading.pagination`, :mod:`~roomstream.reading.context`,
   :mod:`~roomstream.reading.members`, :mod:`~roomstream.reading.room_state`,
-  :mod:`~roomstream.reading.events` (single events, the formatting cache);
+  :mod:`~roomstream.reading.events` (single events, the formatting cache),
+  :mod:`~roomstream.reading.search` (full-text search of room events, and its index);
 
 No HTTP here: the Client-Server API serves these. Refusals are the named errors of
 :mod:`roomstream.errors` (``NotFoundError``, ``ForbiddenError``, ``InvalidParamError``);
@@ -30,6 +31,7 @@ from roomstream.reading.results import (
     RoomTimeline,
     SyncResult,
 )
+from roomstream.reading.search import SearchQuery, SearchResults
 from roomstream.reading.tokens import (
     EventsToken,
     InvalidTokenError,
@@ -53,6 +55,8 @@ __all__ = [
     "RoomStateView",
     "RoomTimeline",
     "RoomsCursor",
+    "SearchQuery",
+    "SearchResults",
     "SyncResult",
     "client_event",
     "encode_client_event",

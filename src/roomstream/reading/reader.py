@@ -13,6 +13,7 @@ Each read lives in a module named for it, with its SQL:
   state at events and tokens;
 - :mod:`~roomstream.reading.events`: single events, and the formatting cache every read
   formats with;
+- :mod:`~roomstream.reading.search`: full-text search of room events (``/search``);
 - :mod:`~roomstream.reading.changes`: the change caches (which rooms and users changed
   since a position), each user's rooms;
 - :mod:`~roomstream.reading.timeline_rows`: timeline rows and what one user sees of a
@@ -39,6 +40,7 @@ from roomstream.reading.members import Members
 from roomstream.reading.pagination import Pagination
 from roomstream.reading.relations import RelationReads
 from roomstream.reading.room_state import RoomStateReads
+from roomstream.reading.search import RoomSearch
 from roomstream.reading.summaries import RoomSummaries
 from roomstream.reading.timeline import NewEvents
 from roomstream.reading.timeline_rows import MAX_LIMIT
@@ -109,7 +111,10 @@ class RoomReader:
         #: Members at a point (reading.members).
         self.members = Members(db, formatter).members
         #: A room's state as a user may see it (reading.room_state).
-        self.room_state_for = RoomStateReads(db, formatter).room_state_for
+        room_state = RoomStateReads(db, formatter)
+        self.room_state_for = room_state.room_state_for
+        #: Full-text search of room events (reading.search).
+        self.search = RoomSearch(db, formatter, room_state).search
         #: Relations, threads and bundled aggregations (reading.relations).
         relations = RelationReads(db, formatter)
         self.relations = relations.relations

@@ -49,6 +49,8 @@ TABLE_OWNERS: Mapping[str, str] = {
     # The relations index (written by the persister's participant).
     "event_relations": "roomstream.reading.relations",
     "threads": "roomstream.reading.relations",
+    # The search index (written by the persister's participant).
+    "event_search": "roomstream.reading.search",
     # Streams, caches, storage.
     "stream_positions": "roomstream.streams.id_generator",
     "cache_invalidations": "roomstream.caches",

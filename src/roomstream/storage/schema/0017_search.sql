@@ -1,0 +1,6 @@
+-- Full-text search of room events (POST /search; roomstream.reading.search). One row per
+-- searchable event: m.room.message (content.body), m.room.name (content.name),
+-- m.room.topic (content.topic). Encrypted events have no plaintext and no row. The
+-- engine-specific companions create the index: an FTS5 table on SQLite, a table with a
+-- tsvector column and a GIN index on PostgreSQL. Which events a user may find is decided
+-- at query time by the visibility records (timeline_events, visibility_memberships).
