@@ -7,11 +7,12 @@ its ``device_lists`` row commit together.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from roomstream.rooms.store import chunks, placeholders
 from roomstream.storage import Transaction
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "claim_one_time_key_txn",
     "delete_device_keys_txn",
     "device_keys_of_txn",
+    "device_keys_of_users_txn",
     "get_device_keys_txn",
     "one_time_key_counts_txn",
     "put_device_keys_txn",
@@ -76,6 +78,29 @@ def device_keys_of_txn(
             unsigned["device_display_name"] = name
         keys["unsigned"] = unsigned
         found[str(device_id)] = keys
+    return found
+
+
+def device_keys_of_users_txn(
+    t: Transaction, user_ids: Sequence[str]
+) -> dict[str, dict[str, tuple[str, str | None]]]:
+    """user -> device ID -> (its uploaded keys' JSON as stored, its display name), for
+    every existing device (``devices``) of the users that has keys: one statement per
+    :data:`~roomstream.rooms.store.CHUNK` users, the JSON left undecoded (a caller that
+    only passes it on need not parse it)."""
+    found: dict[str, dict[str, tuple[str, str | None]]] = {}
+    for chunk in chunks(user_ids):
+        rows = t.query(
+            "SELECT k.user_id, k.device_id, k.key_json, d.display_name FROM e2e_device_keys k"
+            " JOIN devices d ON d.user_id = k.user_id AND d.device_id = k.device_id"
+            f" WHERE k.user_id IN ({placeholders(len(chunk))})",
+            chunk,
+        )
+        for user_id, device_id, raw, name in rows:
+            found.setdefault(str(user_id), {})[str(device_id)] = (
+                str(raw),
+                None if name is None else str(name),
+            )
     return found
 
 

@@ -12,7 +12,8 @@ The server stores and hands out keys and never sees plaintext. Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -86,6 +87,78 @@ def _merge_signatures(
     for user, by_key in extra.items():
         signatures.setdefault(user, {}).update(by_key)
     return {**obj, "signatures": signatures}
+
+
+def _unsigned(name: str | None) -> str:
+    return "{}" if name is None else '{"device_display_name":' + orjson.dumps(name).decode() + "}"
+
+
+def _device_keys_json(
+    raw: str, name: str | None, extra: Mapping[str, Mapping[str, str]] | None
+) -> str:
+    """A device's stored keys as ``/keys/query`` gives them: with ``unsigned`` holding
+    its display name, and the signatures others uploaded on it (``extra``) merged in.
+
+    The common case (no uploaded signatures, no ``unsigned`` stored) splices the stored
+    text, which is orjson's compact output of an object: dropping its closing brace and
+    appending a member gives the same JSON as decoding, adding and encoding (any
+    ``"unsigned"`` anywhere in the text sends it the slow way, so no member is doubled)."""
+    if not extra and '"unsigned"' not in raw and len(raw) > 2 and raw[-1] == "}":
+        return f'{raw[:-1]},"unsigned":{_unsigned(name)}}}'
+    keys = _merge_signatures(dict(orjson.loads(raw)), extra)
+    stored = keys.get("unsigned")
+    unsigned = dict(stored) if isinstance(stored, dict) else {}
+    if name is not None:
+        unsigned["device_display_name"] = name
+    keys["unsigned"] = unsigned
+    return orjson.dumps(keys).decode()
+
+
+def _cross_signing_json(raw: str, extra: Mapping[str, Mapping[str, str]] | None) -> str:
+    if not extra:
+        return raw
+    return orjson.dumps(_merge_signatures(dict(orjson.loads(raw)), extra)).decode()
+
+
+@dataclass(frozen=True, slots=True)
+class UserKeys:
+    """One user's part of a ``/keys/query`` answer, formatted (JSON text): what every
+    requester gets, but for the user-signing key, which only its owner may see."""
+
+    #: device ID -> its keys (see :func:`_device_keys_json`)
+    devices: dict[str, str]
+    #: every device's keys as one JSON object
+    all_devices: orjson.Fragment
+    #: key type (``master``, ``self_signing``, ``user_signing``) -> the key object
+    cross: dict[str, orjson.Fragment]
+
+    def select(self, device_ids: Iterable[str]) -> orjson.Fragment | dict[str, orjson.Fragment]:
+        """The keys of ``device_ids`` that have keys (none named: all)."""
+        wanted = list(device_ids)
+        if not wanted:
+            return self.all_devices
+        return {d: orjson.Fragment(self.devices[d]) for d in wanted if d in self.devices}
+
+
+def _format_user_keys(
+    devices: Mapping[str, tuple[str, str | None]],
+    cross: Mapping[str, tuple[str, str]],
+    signatures: Mapping[str, Mapping[str, Mapping[str, str]]],
+) -> UserKeys:
+    """A user's :class:`UserKeys` from the stored rows (see the store functions)."""
+    formatted = {
+        device_id: _device_keys_json(raw, name, signatures.get(device_id))
+        for device_id, (raw, name) in devices.items()
+    }
+    members = ",".join(f"{orjson.dumps(d).decode()}:{text}" for d, text in formatted.items())
+    return UserKeys(
+        devices=formatted,
+        all_devices=orjson.Fragment("{" + members + "}"),
+        cross={
+            kind: orjson.Fragment(_cross_signing_json(raw, signatures.get(public_key)))
+            for kind, (public_key, raw) in cross.items()
+        },
+    )
 
 
 class E2eKeys:
@@ -253,32 +326,38 @@ class E2eKeys:
         )
 
     async def query(self, requester: str, wanted: Mapping[str, list[str]]) -> dict[str, Any]:
-        """``POST /keys/query``: ``wanted`` maps user -> device IDs (empty: all)."""
+        """``POST /keys/query``: ``wanted`` maps user -> device IDs (empty: all).
 
-        def txn(t: Transaction) -> dict[str, Any]:
-            result: dict[str, Any] = {
-                "device_keys": {},
-                "master_keys": {},
-                "self_signing_keys": {},
-                "user_signing_keys": {},
-                "failures": {},
+        The answer's key objects are :class:`orjson.Fragment` (JSON text, ready for
+        ``orjson.dumps``), not dicts: a user's keys are read as stored and passed on.
+        Three statements for all the users (per chunk of them), in one transaction."""
+        users = list(wanted)
+
+        def txn(t: Transaction) -> dict[str, UserKeys]:
+            devices = dk.device_keys_of_users_txn(t, users)
+            cross = xs.cross_signing_keys_of_users_txn(t, users)
+            signatures = xs.signatures_on_users_txn(t, users)
+            return {
+                u: _format_user_keys(devices.get(u, {}), cross.get(u, {}), signatures.get(u, {}))
+                for u in users
             }
-            for user_id, device_ids in wanted.items():
-                devices = dk.device_keys_of_txn(t, user_id, device_ids or None)
-                cross = xs.cross_signing_keys_txn(t, user_id)
-                public = {kind: cross_signing_public_key(key)[1] for kind, key in cross.items()}
-                extra = xs.signatures_on_txn(t, user_id, [*devices, *public.values()])
-                result["device_keys"][user_id] = {
-                    d: _merge_signatures(keys, extra.get(d)) for d, keys in devices.items()
-                }
-                for kind, key in cross.items():
-                    if kind == "user_signing" and user_id != requester:
-                        continue
-                    merged = _merge_signatures(key, extra.get(public[kind]))
-                    result[f"{kind}_keys"][user_id] = merged
-            return result
 
-        return await self.db.run_interaction("e2e_query_keys", txn)
+        formatted = await self.db.run_interaction("e2e_query_keys", txn)
+        result: dict[str, Any] = {
+            "device_keys": {},
+            "master_keys": {},
+            "self_signing_keys": {},
+            "user_signing_keys": {},
+            "failures": {},
+        }
+        for user_id, device_ids in wanted.items():
+            keys = formatted[user_id]
+            result["device_keys"][user_id] = keys.select(device_ids)
+            for kind, fragment in keys.cross.items():
+                if kind == "user_signing" and user_id != requester:
+                    continue
+                result[f"{kind}_keys"][user_id] = fragment
+        return result
 
     async def claim(self, wanted: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
         """``POST /keys/claim``: user -> device -> algorithm; one key per device."""
