@@ -3,8 +3,9 @@
 The server stores and hands out keys and never sees plaintext. Invariants:
 - device keys are accepted only signed by the device, for the token's user and device,
   and never replaced by different ones (a device's identity is fixed);
-- a one-time key is handed out at most once (:func:`claim_one_time_key_txn`); when a
-  device has none left, its fallback key is handed out and marked used;
+- a one-time key is handed out at most once
+  (:func:`~roomstream.e2e.device_keys_store.claim_one_time_keys_txn`); when a device has
+  none left, its fallback key is handed out and marked used;
 - every change other users must learn of (new or deleted device keys, renamed devices,
   cross-signing keys, signatures) writes a ``device_lists`` row in the same transaction,
   on this process when it writes that stream (else the caller forwards the write).
@@ -360,20 +361,24 @@ class E2eKeys:
         return result
 
     async def claim(self, wanted: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-        """``POST /keys/claim``: user -> device -> algorithm; one key per device."""
+        """``POST /keys/claim``: user -> device -> algorithm; one key per device, all in
+        one transaction: one statement for every device's one-time key
+        (:func:`~roomstream.e2e.device_keys_store.claim_one_time_keys_txn`), then one per
+        device that had none, for its fallback key."""
+        asked = [(u, d, a) for u, devices in wanted.items() for d, a in devices.items()]
 
         def txn(t: Transaction) -> dict[str, Any]:
+            found = dk.claim_one_time_keys_txn(t, asked)
             claimed: dict[str, dict[str, dict[str, Any]]] = {}
-            for user_id, devices in wanted.items():
-                for device_id, algorithm in devices.items():
-                    found = dk.claim_one_time_key_txn(t, user_id, device_id, algorithm)
-                    if found is None:
-                        found = dk.claim_fallback_key_txn(t, user_id, device_id, algorithm)
-                    if found is not None:
-                        key_id, raw = found
-                        claimed.setdefault(user_id, {})[device_id] = {
-                            f"{algorithm}:{key_id}": orjson.loads(raw)
-                        }
+            for user_id, device_id, algorithm in asked:
+                key = found.get((user_id, device_id, algorithm))
+                if key is None:  # no one-time key left: the fallback key, if any
+                    key = dk.claim_fallback_key_txn(t, user_id, device_id, algorithm)
+                if key is not None:
+                    key_id, raw = key
+                    claimed.setdefault(user_id, {})[device_id] = {
+                        f"{algorithm}:{key_id}": orjson.loads(raw)
+                    }
             return {"one_time_keys": claimed, "failures": {}}
 
         return await self.db.run_interaction("e2e_claim_keys", txn)
