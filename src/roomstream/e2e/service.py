@@ -40,7 +40,7 @@ from roomstream.errors import (
 from roomstream.storage import Database, Transaction
 from roomstream.streams import StreamIdGenerator
 
-__all__ = ["E2eKeys", "PasswordCheck"]
+__all__ = ["E2eKeys", "KeyStatus", "PasswordCheck", "key_status_txn"]
 
 R = TypeVar("R")
 
@@ -160,6 +160,19 @@ def _format_user_keys(
             for kind, (public_key, raw) in cross.items()
         },
     )
+
+
+#: A device's one-time key counts by algorithm and its unused fallback key types.
+KeyStatus = tuple[dict[str, int], list[str]]
+
+
+def key_status_txn(t: Transaction, user_id: str, device_id: str) -> KeyStatus:
+    """:meth:`E2eKeys.key_status` inside the caller's transaction (a ``/sync`` reads it
+    with the device's to-device messages: one round trip for both)."""
+    counts = dk.one_time_key_counts_txn(t, user_id, device_id)
+    fallbacks = dk.unused_fallback_key_types_txn(t, user_id, device_id)
+    # Synapse always reports signed_curve25519 (clients top up from 0).
+    return {"signed_curve25519": 0, **counts}, fallbacks
 
 
 class E2eKeys:
@@ -309,17 +322,10 @@ class E2eKeys:
         )
         return {"signed_curve25519": 0, **counts}
 
-    async def key_status(self, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
+    async def key_status(self, user_id: str, device_id: str) -> KeyStatus:
         """(one-time key counts, unused fallback key types) of a device, in one
-        transaction (what every /sync sends)."""
-
-        def txn(t: Transaction) -> tuple[dict[str, int], list[str]]:
-            counts = dk.one_time_key_counts_txn(t, user_id, device_id)
-            return {"signed_curve25519": 0, **counts}, dk.unused_fallback_key_types_txn(
-                t, user_id, device_id
-            )
-
-        return await self.db.run_interaction("e2e_key_status", txn)
+        transaction (what every /sync sends; :func:`key_status_txn` inside another)."""
+        return await self.db.run_interaction("e2e_key_status", key_status_txn, user_id, device_id)
 
     async def unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
         return await self.db.run_interaction(
