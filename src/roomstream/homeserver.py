@@ -135,6 +135,7 @@ class Homeserver:
                 typing_stream=node.memory.get("typing"),
                 announce=node.broadcaster.notify,
                 invalidations_live=lambda: node.stream_live("caches"),
+                stream_live=node.stream_live,
             )
             node.listeners.append(self.client)
         if me.internal_port is not None:

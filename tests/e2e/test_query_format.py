@@ -1,4 +1,4 @@
-"""``/keys/query``'s formatting of stored keys (roomstream.e2e.service): the splice of
+"""``/keys/query``'s formatting of stored keys (roomstream.e2e.key_format): the splice of
 stored JSON text must give exactly what decoding, adding ``unsigned`` and merging the
 uploaded signatures gives, for any stored object and display name."""
 
@@ -10,7 +10,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roomstream.e2e.service import _device_keys_json, _format_user_keys
+from roomstream.e2e.key_format import device_keys_json, format_user_keys
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
@@ -52,14 +52,14 @@ def expected(stored: dict[str, Any], name: str | None, extra: Any) -> dict[str, 
 def test_formatted_device_keys_equal_the_decoded_way(
     stored: dict[str, Any], name: str | None, extra: Any
 ) -> None:
-    text = _device_keys_json(orjson.dumps(stored).decode(), name, extra)
+    text = device_keys_json(orjson.dumps(stored).decode(), name, extra)
     assert orjson.loads(text) == expected(stored, name, extra)
 
 
 def test_a_user_s_formatted_keys_hold_every_device_and_merge_signatures() -> None:
     device = {"user_id": "@a:x", "device_id": 'D"1', "keys": {'ed25519:D"1': "k"}}
     master = {"user_id": "@a:x", "usage": ["master"], "keys": {"ed25519:pub": "pub"}}
-    formatted = _format_user_keys(
+    formatted = format_user_keys(
         {'D"1': (orjson.dumps(device).decode(), 'Ph\u00f6ne "1"'), "D2": ('{"a":1}', None)},
         {"master": ("pub", orjson.dumps(master).decode())},
         {"pub": {"@b:x": {"ed25519:B": "sig"}}},

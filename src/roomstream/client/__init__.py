@@ -73,11 +73,15 @@ class ClientProcess:
         typing_stream: InMemoryStream | None = None,
         announce: Callable[[str], None] | None = None,
         invalidations_live: Callable[[], bool] | None = None,
+        stream_live: Callable[[str], bool] | None = None,
     ) -> None:
         """``invalidations_live``: whether the ``caches`` stream reaches this process as
         it is written (replication's liveness); while it says no, tokens are read from
         the database (:class:`~roomstream.accounts.token_cache.TokenCache`). None: this
-        process writes every invalidation itself."""
+        process writes every invalidation itself. ``stream_live``: the same for any
+        stream (replication's ``stream_live``), for the caches other streams keep
+        correct (the ``device_lists`` stream's: :class:`~roomstream.e2e.keys_cache.
+        KeysCache`); None: no replication."""
         self.config = config
         caches_writer, forward_end_sessions = _token_invalidation(config, engine, http_client)
         self.token_cache = (
@@ -164,6 +168,7 @@ class ClientProcess:
             engine.streams.generator("device_lists"),
             self.accounts.require_password_auth,
             _e2e_forward(config, http_client),
+            cache_live=_keys_cache_live(config, stream_live),
         )
         keys, userdata = self.keys, self.userdata
 
@@ -174,6 +179,10 @@ class ClientProcess:
             await keys.device_deleted(user_id, device_ids)
 
         self.accounts.devices_deleted_listeners.append(forget_devices)
+        if keys.writes_device_lists or keys.forwards_writes:
+            # Else (no writer to reach) the rename goes unannounced, as before; such a
+            # process does not trust its keys cache anyway (see _keys_cache_live).
+            self.accounts.device_renamed_listeners.append(keys.device_renamed)
         #: What this process does for writes other processes forward to it.
         self.forwarded = ForwardedWrites(
             self.accounts, self.rooms, self.userdata, self.typing, self.keys
@@ -242,6 +251,8 @@ class ClientProcess:
         elif stream_name == "caches" and self.token_cache is not None:
             for row in rows:
                 self.token_cache.apply_cache_row(row)
+        elif stream_name == "device_lists":
+            self.keys.apply_device_lists_rows(rows)
         self.notifier.on_replicated_rows(stream_name, writer, token, rows)
 
     def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None:
@@ -252,6 +263,21 @@ class ClientProcess:
         self.notifier.close()
         if self.typing is not None:
             self.typing.close()
+
+
+def _keys_cache_live(
+    config: Config, stream_live: Callable[[str], bool] | None
+) -> Callable[[], bool] | None:
+    """When this process may trust its cache of users' keys: always when it writes the
+    whole ``device_lists`` stream itself (every change invalidates it here at once);
+    else while replication brings the other writers' rows as they are written; never
+    when it has no replication to tell (it would not hear of their changes)."""
+    if config.writers_of("device_lists") == (config.instance_name,):
+        return None
+    if stream_live is None:
+        return lambda: False
+    live = stream_live
+    return lambda: live("device_lists")
 
 
 def _e2e_forward(config: Config, http_client: InternalHttpClient | None) -> Forward | None:
@@ -304,6 +330,7 @@ def build_client_api(
     typing_stream: InMemoryStream | None = None,
     announce: Callable[[str], None] | None = None,
     invalidations_live: Callable[[], bool] | None = None,
+    stream_live: Callable[[str], bool] | None = None,
 ) -> ClientProcess:
     """The Client-Server API of this instance; ``.api.install`` puts it on an app."""
     return ClientProcess(
@@ -313,4 +340,5 @@ def build_client_api(
         typing_stream=typing_stream,
         announce=announce,
         invalidations_live=invalidations_live,
+        stream_live=stream_live,
     )

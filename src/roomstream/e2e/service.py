@@ -13,8 +13,7 @@ The server stores and hands out keys and never sees plaintext. Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -22,6 +21,8 @@ import orjson
 from roomstream.e2e import cross_signing_store as xs
 from roomstream.e2e import device_keys_store as dk
 from roomstream.e2e import device_lists
+from roomstream.e2e.key_format import UserKeys, format_user_keys
+from roomstream.e2e.keys_cache import KeysCache
 from roomstream.e2e.signatures import (
     CROSS_SIGNING_USAGES,
     check_cross_signing_key,
@@ -76,92 +77,6 @@ def _key_rows(keys: Any, what: str) -> list[dk.KeyRow]:
     return rows
 
 
-def _merge_signatures(
-    obj: dict[str, Any], extra: Mapping[str, Mapping[str, str]] | None
-) -> dict[str, Any]:
-    if not extra:
-        return obj
-    own = obj.get("signatures")
-    signatures = {
-        u: dict(s) for u, s in (own.items() if isinstance(own, dict) else ()) if isinstance(s, dict)
-    }
-    for user, by_key in extra.items():
-        signatures.setdefault(user, {}).update(by_key)
-    return {**obj, "signatures": signatures}
-
-
-def _unsigned(name: str | None) -> str:
-    return "{}" if name is None else '{"device_display_name":' + orjson.dumps(name).decode() + "}"
-
-
-def _device_keys_json(
-    raw: str, name: str | None, extra: Mapping[str, Mapping[str, str]] | None
-) -> str:
-    """A device's stored keys as ``/keys/query`` gives them: with ``unsigned`` holding
-    its display name, and the signatures others uploaded on it (``extra``) merged in.
-
-    The common case (no uploaded signatures, no ``unsigned`` stored) splices the stored
-    text, which is orjson's compact output of an object: dropping its closing brace and
-    appending a member gives the same JSON as decoding, adding and encoding (any
-    ``"unsigned"`` anywhere in the text sends it the slow way, so no member is doubled)."""
-    if not extra and '"unsigned"' not in raw and len(raw) > 2 and raw[-1] == "}":
-        return f'{raw[:-1]},"unsigned":{_unsigned(name)}}}'
-    keys = _merge_signatures(dict(orjson.loads(raw)), extra)
-    stored = keys.get("unsigned")
-    unsigned = dict(stored) if isinstance(stored, dict) else {}
-    if name is not None:
-        unsigned["device_display_name"] = name
-    keys["unsigned"] = unsigned
-    return orjson.dumps(keys).decode()
-
-
-def _cross_signing_json(raw: str, extra: Mapping[str, Mapping[str, str]] | None) -> str:
-    if not extra:
-        return raw
-    return orjson.dumps(_merge_signatures(dict(orjson.loads(raw)), extra)).decode()
-
-
-@dataclass(frozen=True, slots=True)
-class UserKeys:
-    """One user's part of a ``/keys/query`` answer, formatted (JSON text): what every
-    requester gets, but for the user-signing key, which only its owner may see."""
-
-    #: device ID -> its keys (see :func:`_device_keys_json`)
-    devices: dict[str, str]
-    #: every device's keys as one JSON object
-    all_devices: orjson.Fragment
-    #: key type (``master``, ``self_signing``, ``user_signing``) -> the key object
-    cross: dict[str, orjson.Fragment]
-
-    def select(self, device_ids: Iterable[str]) -> orjson.Fragment | dict[str, orjson.Fragment]:
-        """The keys of ``device_ids`` that have keys (none named: all)."""
-        wanted = list(device_ids)
-        if not wanted:
-            return self.all_devices
-        return {d: orjson.Fragment(self.devices[d]) for d in wanted if d in self.devices}
-
-
-def _format_user_keys(
-    devices: Mapping[str, tuple[str, str | None]],
-    cross: Mapping[str, tuple[str, str]],
-    signatures: Mapping[str, Mapping[str, Mapping[str, str]]],
-) -> UserKeys:
-    """A user's :class:`UserKeys` from the stored rows (see the store functions)."""
-    formatted = {
-        device_id: _device_keys_json(raw, name, signatures.get(device_id))
-        for device_id, (raw, name) in devices.items()
-    }
-    members = ",".join(f"{orjson.dumps(d).decode()}:{text}" for d, text in formatted.items())
-    return UserKeys(
-        devices=formatted,
-        all_devices=orjson.Fragment("{" + members + "}"),
-        cross={
-            kind: orjson.Fragment(_cross_signing_json(raw, signatures.get(public_key)))
-            for kind, (public_key, raw) in cross.items()
-        },
-    )
-
-
 #: A device's one-time key counts by algorithm and its unused fallback key types.
 KeyStatus = tuple[dict[str, int], list[str]]
 
@@ -182,11 +97,17 @@ class E2eKeys:
         device_lists_writer: StreamIdGenerator,
         check_password: PasswordCheck,
         forward: Forward | None = None,
+        *,
+        cache_live: Callable[[], bool] | None = None,
     ) -> None:
         """``forward``: how a process that does not write ``device_lists`` has the
         writer carry out the writes that add a row (see :meth:`perform`); None: refused
-        with 400 there."""
+        with 400 there. ``cache_live``: whether the ``device_lists`` rows of other
+        processes reach this one as they are written (see
+        :class:`~roomstream.e2e.keys_cache.KeysCache`; None: there are none)."""
         self.db = database
+        #: Users' formatted ``/keys/query`` parts; see :meth:`apply_device_lists_rows`.
+        self.cache = KeysCache(live=cache_live)
         self.stream = device_lists_writer
         self._check_password = check_password
         self._forward = forward
@@ -223,6 +144,11 @@ class E2eKeys:
 
     # -- the device_lists stream -------------------------------------------------------
 
+    def apply_device_lists_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """``device_lists`` rows another process wrote (replication): their users'
+        cached keys are dropped."""
+        self.cache.apply_rows(rows)
+
     def position(self) -> int:
         """Every ``device_lists`` fact at or below this is complete."""
         return self.stream.get_linear_position()
@@ -231,21 +157,46 @@ class E2eKeys:
     def writes_device_lists(self) -> bool:
         return self.stream.is_writer()
 
+    @property
+    def forwards_writes(self) -> bool:
+        """Whether writes that add a ``device_lists`` row go to its writer from here."""
+        return self._forwards()
+
     async def _write(self, name: str, func: Callable[[Transaction], tuple[set[str], R]]) -> R:
         """Run ``func`` (returning (users whose device lists changed, result)) in one
         transaction named ``name``, with the ``device_lists`` row it calls for."""
         if not self.stream.is_writer():
             raise BadRequestError(f"{self.stream.instance_name} does not write device_lists")
         instance = self.stream.instance_name
+        changed: set[str] = set()
 
         def txn(t: Transaction, ids: list[int]) -> R:
-            changed, result = func(t)
-            if changed:
-                device_lists.append_txn(t, ids[0], instance, changed)
+            changed.clear()  # a retried transaction starts again
+            users, result = func(t)
+            changed.update(users)
+            if users:
+                device_lists.append_txn(t, ids[0], instance, users)
             return result
 
-        _, result = await self.stream.run_with_ids(name, 1, txn)
+        try:
+            _, result = await self.stream.run_with_ids(name, 1, txn)
+        finally:
+            # At once, before the writer's client hears of it: its next query here sees
+            # the change (other processes drop it when the row reaches them). Also when
+            # the commit's outcome is unknown (an error after it): dropping is safe.
+            if changed:
+                self.cache.invalidate_users(changed)
         return result
+
+    async def _forwarded(self, op: str, args: dict[str, Any], users: Iterable[str]) -> Any:
+        """Have the ``device_lists`` writer carry out ``op``; then forget ``users``' cached
+        keys here at once (the row's replication does too, a little later), so that this
+        process's next query after the write sees it."""
+        assert self._forward is not None
+        try:
+            return await self._forward(op, args)
+        finally:
+            self.cache.invalidate_users(users)
 
     async def changed_since(
         self,
@@ -285,10 +236,9 @@ class E2eKeys:
     ) -> dict[str, int]:
         """``POST /keys/upload``; the device's one-time key counts after it."""
         if device_keys is not None and self._forwards():
-            assert self._forward is not None
             args = {"user_id": user_id, "device_id": device_id, "device_keys": device_keys}
             args |= {"one_time_keys": one_time_keys, "fallback_keys": fallback_keys}
-            return dict(await self._forward("upload", args))
+            return dict(await self._forwarded("upload", args, [user_id]))
         keys = None if device_keys is None else check_device_keys(device_keys, user_id, device_id)
         otks = _key_rows(one_time_keys, "one_time_keys")
         fallbacks = _key_rows(fallback_keys, "fallback_keys")
@@ -337,19 +287,27 @@ class E2eKeys:
 
         The answer's key objects are :class:`orjson.Fragment` (JSON text, ready for
         ``orjson.dumps``), not dicts: a user's keys are read as stored and passed on.
-        Three statements for all the users (per chunk of them), in one transaction."""
-        users = list(wanted)
+        Users in :attr:`cache` cost no database read; the others are read with three
+        statements for them all (per chunk of them), in one transaction, and cached."""
+        cache = self.cache
+        formatted = cache.get_many(wanted)
+        missing = [u for u in wanted if u not in formatted]
+        if missing:
+            generation = cache.generation
 
-        def txn(t: Transaction) -> dict[str, UserKeys]:
-            devices = dk.device_keys_of_users_txn(t, users)
-            cross = xs.cross_signing_keys_of_users_txn(t, users)
-            signatures = xs.signatures_on_users_txn(t, users)
-            return {
-                u: _format_user_keys(devices.get(u, {}), cross.get(u, {}), signatures.get(u, {}))
-                for u in users
-            }
+            def txn(t: Transaction) -> dict[str, UserKeys]:
+                devices = dk.device_keys_of_users_txn(t, missing)
+                cross = xs.cross_signing_keys_of_users_txn(t, missing)
+                signatures = xs.signatures_on_users_txn(t, missing)
+                return {
+                    u: format_user_keys(devices.get(u, {}), cross.get(u, {}), signatures.get(u, {}))
+                    for u in missing
+                }
 
-        formatted = await self.db.run_interaction("e2e_query_keys", txn)
+            fresh = await self.db.run_interaction("e2e_query_keys", txn)
+            for user_id, keys in fresh.items():
+                cache.put(user_id, keys, generation)
+            formatted.update(fresh)
         result: dict[str, Any] = {
             "device_keys": {},
             "master_keys": {},
@@ -392,8 +350,8 @@ class E2eKeys:
     async def device_deleted(self, user_id: str, device_ids: list[str]) -> None:
         """Forget the keys of deleted devices and tell the user's contacts."""
         if self._forwards():
-            assert self._forward is not None
-            await self._forward("device_deleted", {"user_id": user_id, "device_ids": device_ids})
+            args = {"user_id": user_id, "device_ids": device_ids}
+            await self._forwarded("device_deleted", args, [user_id])
             return
 
         def txn(t: Transaction) -> tuple[set[str], None]:
@@ -405,8 +363,7 @@ class E2eKeys:
 
     async def device_renamed(self, user_id: str) -> None:
         if self._forwards():
-            assert self._forward is not None
-            await self._forward("device_renamed", {"user_id": user_id})
+            await self._forwarded("device_renamed", {"user_id": user_id}, [user_id])
             return
         await self._write("device_renamed", lambda t: ({user_id}, None))
 
@@ -418,9 +375,8 @@ class E2eKeys:
         """``POST /keys/device_signing/upload``. Replacing an existing master key needs the
         user's password (user-interactive auth); the first one does not (as Synapse)."""
         if self._forwards():
-            assert self._forward is not None
             args = {"user_id": user_id, "body": dict(body), "auth": auth}
-            await self._forward("upload_cross_signing", args)
+            await self._forwarded("upload_cross_signing", args, [user_id])
             return
         uploaded = {k: body[k] for k in CROSS_SIGNING_USAGES if body.get(k) is not None}
         current = await self.db.run_interaction(
@@ -455,9 +411,9 @@ class E2eKeys:
         against the signing key it names; the ones that fail are reported per key in
         ``failures`` and not stored."""
         if self._forwards():
-            assert self._forward is not None
             args = {"user_id": requester, "body": dict(body)}
-            return dict(await self._forward("upload_signatures", args))
+            targets = [u for u in body if isinstance(u, str)]
+            return dict(await self._forwarded("upload_signatures", args, targets))
         failures: dict[str, dict[str, dict[str, str]]] = {}
 
         def fail(user: str, key_id: str, errcode: str, error: str) -> None:
