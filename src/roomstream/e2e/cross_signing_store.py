@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -16,7 +16,6 @@ __all__ = [
     "cross_signing_keys_txn",
     "put_cross_signing_key_txn",
     "put_signature_txn",
-    "signatures_on_txn",
     "signatures_on_users_txn",
 ]
 
@@ -72,25 +71,6 @@ def put_signature_txn(
         " excluded.signature",
         (signer_user_id, signer_key_id, target_user_id, target_key_id, signature),
     )
-
-
-def signatures_on_txn(
-    t: Transaction, target_user_id: str, target_key_ids: Iterable[str]
-) -> dict[str, dict[str, dict[str, str]]]:
-    """target key ID -> signer user -> signer key ID -> signature."""
-    wanted = set(target_key_ids)
-    rows = t.query(
-        "SELECT target_key_id, signer_user_id, signer_key_id, signature FROM e2e_signatures"
-        " WHERE target_user_id = ?",
-        (target_user_id,),
-    )
-    found: dict[str, dict[str, dict[str, str]]] = {}
-    for target, signer, key_id, signature in rows:
-        if target in wanted:
-            found.setdefault(str(target), {}).setdefault(str(signer), {})[str(key_id)] = str(
-                signature
-            )
-    return found
 
 
 def signatures_on_users_txn(
