@@ -136,6 +136,7 @@ class Homeserver:
                 announce=node.broadcaster.notify,
                 invalidations_live=lambda: node.stream_live("caches"),
                 send_command=node.send_command,
+                stream_live=node.stream_live,
             )
             node.listeners.append(self.client)
             presence_writer = self.client.presence.writer

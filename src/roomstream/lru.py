@@ -72,6 +72,7 @@ CACHES: dict[str, CacheSpec] = {
     "sliding_direct": CacheSpec(10_000, "users' direct rooms (m.direct)"),
     "access_tokens": CacheSpec(100_000, "access token owners (accounts.token_cache)"),
     "client_ips": CacheSpec(100_000, "recently recorded client IPs (accounts.client_ips)"),
+    "e2e_user_keys": CacheSpec(5_000, "users' formatted /keys/query parts (e2e.keys_cache)"),
 }
 
 #: Sizes from the configuration, by name (``caches.sizes``).

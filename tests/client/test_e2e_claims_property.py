@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -96,3 +97,50 @@ def test_claims_match_the_oracle(
     db_config: DatabaseConfig, tmp_path: Path, uploads: list[int], rounds: list[int], fallback: bool
 ) -> None:
     asyncio.run(run_rounds(db_config, uploads, rounds, fallback))
+
+
+async def claim_many_devices(db_config: DatabaseConfig, keys_per_device: list[int]) -> None:
+    """Concurrent claims each naming every device (one set-based statement per claim)."""
+    database = connect(db_config)
+    try:
+        await prepare_database(database)
+        streams = await StreamSet.open(database, "main", {})
+        keys = E2eKeys(database, streams.generator("device_lists"), _never_asked)
+        user = f"@m{next(_users)}:test"
+        devices = [f"D{i}" for i in range(len(keys_per_device))]
+
+        def add_devices(t: Any) -> None:
+            for device in devices:
+                t.execute(
+                    "INSERT INTO devices (user_id, device_id, created_ts) VALUES (?, ?, 0)",
+                    (user, device),
+                )
+
+        await database.run_interaction("test_query", add_devices)
+        for device, count in zip(devices, keys_per_device, strict=True):
+            new = {f"{ALGORITHM}:k{i:04d}": {"key": f"{device}-{i}"} for i in range(count)}
+            await keys.upload(user, device, None, new, None)
+        claimers = max(keys_per_device) + 1
+        wanted = {user: {device: ALGORITHM for device in devices}}
+        answers = await asyncio.gather(*(keys.claim(wanted) for _ in range(claimers)))
+        for device, count in zip(devices, keys_per_device, strict=True):
+            got = [a["one_time_keys"].get(user, {}).get(device) for a in answers]
+            handed = [next(iter(g.values()))["key"] for g in got if g]
+            # Each key exactly once, to the first `count` claims served (the rest: none).
+            assert sorted(handed) == sorted(f"{device}-{i}" for i in range(count))
+        counts = [await keys.one_time_key_counts(user, device) for device in devices]
+        assert all(c["signed_curve25519"] == 0 for c in counts)
+    finally:
+        await database.close()
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(keys_per_device=st.lists(st.integers(0, 4), min_size=1, max_size=6))
+def test_concurrent_claims_of_many_devices_hand_each_key_out_once(
+    db_config: DatabaseConfig, keys_per_device: list[int]
+) -> None:
+    asyncio.run(claim_many_devices(db_config, keys_per_device))

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import aiohttp
@@ -29,6 +30,7 @@ from tests.support.cluster import (
 )
 from tests.support.e2e_keys import CrossSigning, Device
 from tests.support.js_sdk import JS_DIR, run_script
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -63,16 +65,29 @@ async def test_key_writes_are_forwarded_and_seen_everywhere(e2e_cluster: Cluster
             "POST", "/keys/upload", {"device_keys": device.device_keys("other")}
         )
         assert (status, body["errcode"]) == (400, "M_INVALID_PARAM")  # the writer's refusal
+        clients = (bob, bob.on(url["reader"]), bob.on(url["w2"]))
+        query = {"device_keys": {alice.user_id: []}}
+        for client in clients:  # each process now has alice's keys in its cache
+            keys = await client.ok("POST", "/keys/query", query)
+            assert keys["master_keys"] == {}
         await alice.ok("PUT", f"/devices/{alice_device}", {"display_name": "web"})
         cs = CrossSigning(alice.user_id)
         await alice.ok("POST", "/keys/device_signing/upload", cs.upload_body())
         # w2's device_lists rows wake bob's sync on w1 (he shares a room with alice).
         await bob.sync_until(lambda r: alice.user_id in r["device_lists"]["changed"])
-        for client in (bob, bob.on(url["reader"]), bob.on(url["w2"])):
-            keys = await client.ok("POST", "/keys/query", {"device_keys": {alice.user_id: []}})
+        master = cs.upload_body()["master_key"]
+
+        async def changes_seen(client: Any) -> bool:
+            keys = await client.ok("POST", "/keys/query", query)
             got = keys["device_keys"][alice.user_id][alice_device]
-            assert got["unsigned"]["device_display_name"] == "web"
-            assert keys["master_keys"][alice.user_id] == cs.upload_body()["master_key"]
+            name = got["unsigned"].get("device_display_name")
+            return name == "web" and keys["master_keys"].get(alice.user_id) == master
+
+        # Each process's cached keys are dropped by the rows: on w2 (the writer) and the
+        # reader (which forwarded the writes) at once, on w1 as the rows reach it.
+        for client in clients:
+            seen = functools.partial(changes_seen, client)
+            await wait_for(seen, 30, "the key changes in /keys/query")
         claimed = await bob.ok(
             "POST",
             "/keys/claim",

@@ -17,6 +17,7 @@ from roomstream.accounts.tokens import token_hash
 from roomstream.client import rooms as client_rooms
 from roomstream.client.notifier import NOTIFIER_READ
 from roomstream.storage import Database
+from tests.support.e2e_keys import Device
 from tests.support.homeserver import Homeserver, signal_waits
 
 #: Background writes that fall into a window only by timing: the client IPs' batches and
@@ -162,6 +163,37 @@ async def test_a_woken_sync_reads_only_the_new_events(homeserver: Homeserver) ->
         # the rooms with new events (client/unread.py), not one per room.
         "unread_counts",
     ], calls
+
+
+async def test_a_sync_woken_by_a_to_device_message_reads_once(homeserver: Homeserver) -> None:
+    """Between ``PUT /sendToDevice`` and the waiting sync's answer: the send's write, the
+    notifier's read of the new row, and one transaction of the woken sync, which takes
+    the device's messages and its key status (one-time key counts, fallback key types)
+    together; the key status is the current one (a claim since the last sync shows)."""
+    alice = await homeserver.register("alice")
+    bob = await homeserver.register("bob")
+    otks = Device(bob.user_id, bob.device_id).one_time_keys(["1", "2", "3"])
+    fallback = {"signed_curve25519:F": {"key": "f", "fallback": True}}
+    body = {"one_time_keys": otks, "fallback_keys": fallback}
+    await homeserver.ok("POST", "/keys/upload", body, token=bob.token)
+    first = await homeserver.ok("GET", "/sync?timeout=0", token=bob.token)
+    assert first["device_one_time_keys_count"] == {"signed_curve25519": 3}
+    claim = {"one_time_keys": {bob.user_id: {bob.device_id: "signed_curve25519"}}}
+    await homeserver.ok("POST", "/keys/claim", claim, token=alice.token)
+    await homeserver.engine.streams.flush()
+    waits = signal_waits(homeserver)
+    waiting = asyncio.create_task(
+        homeserver.ok("GET", f"/sync?timeout=30000&since={first['next_batch']}", token=bob.token)
+    )
+    await waits.wait()
+    message = {"messages": {bob.user_id: {bob.device_id: {"n": 1}}}}
+    with counted_round_trips(homeserver.engine.db, with_notifier=True) as calls:
+        await homeserver.ok("PUT", "/sendToDevice/m.test/t1", message, token=alice.token)
+        answer = await waiting
+    assert [e["content"] for e in answer["to_device"]["events"]] == [{"n": 1}]
+    assert answer["device_one_time_keys_count"] == {"signed_curve25519": 2}
+    assert answer["device_unused_fallback_key_types"] == ["signed_curve25519"]
+    assert calls == ["send_to_device", NOTIFIER_READ, "to_device_messages"], calls
 
 
 async def test_transaction_id_is_stored_with_the_event(homeserver: Homeserver) -> None:

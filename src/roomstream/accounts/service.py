@@ -152,6 +152,9 @@ class Accounts:
         #: process (not on a process that forwarded the deletion): their keys and
         #: to-device queues go too (roomstream.client composes this).
         self.devices_deleted_listeners: list[Callable[[str, list[str]], Awaitable[None]]] = []
+        #: Called with the user after a login renamed one of its existing devices (the
+        #: ``device_lists`` stream must say so: roomstream.client composes this).
+        self.device_renamed_listeners: list[Callable[[str], Awaitable[None]]] = []
 
     # -- user IDs ----------------------------------------------------------------------
 
@@ -424,7 +427,9 @@ class Accounts:
             raise InvalidParamError("device_id must be 1-255 characters")
         device_id = device_id or new_device_id()
         token = new_access_token(guest=guest)
-        await self.store.login_device(user_id, device_id, display_name, token_hash(token))
+        if await self.store.login_device(user_id, device_id, display_name, token_hash(token)):
+            for listener in self.device_renamed_listeners:
+                await listener(user_id)
         return LoginResult(user_id, device_id, token)
 
     async def require_password_auth(self, user_id: str, auth: dict[str, Any] | None) -> None:

@@ -182,32 +182,37 @@ class AccountStore:
 
     async def login_device(
         self, user_id: str, device_id: str, display_name: str | None, token_hash: str
-    ) -> None:
+    ) -> bool:
         """Create the device if new (keeping an existing one's name unless given) and
-        add an access token for it, in one transaction."""
+        add an access token for it, in one transaction; whether an existing device's
+        name changed (others learn of that as of a rename)."""
 
-        def txn(t: Transaction) -> None:
+        def txn(t: Transaction) -> bool:
             existing = t.query_one(
-                "SELECT 1 FROM devices WHERE user_id = ? AND device_id = ?", (user_id, device_id)
+                "SELECT display_name FROM devices WHERE user_id = ? AND device_id = ?",
+                (user_id, device_id),
             )
+            renamed = False
             if existing is None:
                 t.execute(
                     "INSERT INTO devices (user_id, device_id, display_name, created_ts)"
                     " VALUES (?, ?, ?, ?)",
                     (user_id, device_id, display_name, _now_ms()),
                 )
-            elif display_name is not None:
+            elif display_name is not None and display_name != existing[0]:
                 t.execute(
                     "UPDATE devices SET display_name = ? WHERE user_id = ? AND device_id = ?",
                     (display_name, user_id, device_id),
                 )
+                renamed = True
             t.execute(
                 "INSERT INTO access_tokens (token_hash, user_id, device_id, created_ts)"
                 " VALUES (?, ?, ?, ?)",
                 (token_hash, user_id, device_id, _now_ms()),
             )
+            return renamed
 
-        await self.db.run_interaction("login_device", txn)
+        return await self.db.run_interaction("login_device", txn)
 
     async def get_token_owner(self, token_hash: str) -> tuple[str, str] | None:
         """(user ID, device ID) of a live token of an active user, or None."""

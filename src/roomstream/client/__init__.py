@@ -103,13 +103,17 @@ class ClientProcess:
         announce: Callable[[str], None] | None = None,
         invalidations_live: Callable[[], bool] | None = None,
         send_command: Callable[[Command, str], bool] | None = None,
+        stream_live: Callable[[str], bool] | None = None,
     ) -> None:
         """``send_command``: sends a replication command towards an instance (the
         presence writer's ``USER_SYNC``); None: this process tells nobody of its syncs.
         ``invalidations_live``: whether the ``caches`` stream reaches this process as
         it is written (replication's liveness); while it says no, tokens are read from
         the database (:class:`~roomstream.accounts.token_cache.TokenCache`). None: this
-        process writes every invalidation itself."""
+        process writes every invalidation itself. ``stream_live``: the same for any
+        stream (replication's ``stream_live``), for the caches other streams keep
+        correct (the ``device_lists`` stream's: :class:`~roomstream.e2e.keys_cache.
+        KeysCache`); None: no replication."""
         self.config = config
         caches_writer, forward_end_sessions = _token_invalidation(config, engine, http_client)
         self.token_cache = (
@@ -219,6 +223,7 @@ class ClientProcess:
             engine.streams.generator("device_lists"),
             self.accounts.require_password_auth,
             _e2e_forward(config, http_client),
+            cache_live=_keys_cache_live(config, stream_live),
         )
         keys, userdata = self.keys, self.userdata
 
@@ -233,6 +238,10 @@ class ClientProcess:
         self.presence = _presence(config, engine, http_client, send_command)
         #: Pushers; the pushers writer delivers their notifications.
         self.pushers = _pushers(config, engine, self.reader, self.push_rules)
+        if keys.writes_device_lists or keys.forwards_writes:
+            # Else (no writer to reach) the rename goes unannounced, as before; such a
+            # process does not trust its keys cache anyway (see _keys_cache_live).
+            self.accounts.device_renamed_listeners.append(keys.device_renamed)
         #: What this process does for writes other processes forward to it.
         self.forwarded = ForwardedWrites(
             self.accounts,
@@ -340,6 +349,8 @@ class ClientProcess:
         elif stream_name == "caches" and self.token_cache is not None:
             for row in rows:
                 self.token_cache.apply_cache_row(row)
+        elif stream_name == "device_lists":
+            self.keys.apply_device_lists_rows(rows)
         self.notifier.on_replicated_rows(stream_name, writer, token, rows)
 
     def on_replicated_position(self, stream_name: str, writer: str, position: int) -> None:
@@ -426,6 +437,21 @@ def _presence(
     return PresenceService(store, remote=remote, enabled=enabled)
 
 
+def _keys_cache_live(
+    config: Config, stream_live: Callable[[str], bool] | None
+) -> Callable[[], bool] | None:
+    """When this process may trust its cache of users' keys: always when it writes the
+    whole ``device_lists`` stream itself (every change invalidates it here at once);
+    else while replication brings the other writers' rows as they are written; never
+    when it has no replication to tell (it would not hear of their changes)."""
+    if config.writers_of("device_lists") == (config.instance_name,):
+        return None
+    if stream_live is None:
+        return lambda: False
+    live = stream_live
+    return lambda: live("device_lists")
+
+
 def _e2e_forward(config: Config, http_client: InternalHttpClient | None) -> Forward | None:
     """How this process has the ``device_lists`` writer (the one the user hashes to)
     carry out key writes that add a row to that stream; None when it writes it itself
@@ -482,6 +508,7 @@ def build_client_api(
     announce: Callable[[str], None] | None = None,
     invalidations_live: Callable[[], bool] | None = None,
     send_command: Callable[[Command, str], bool] | None = None,
+    stream_live: Callable[[str], bool] | None = None,
 ) -> ClientProcess:
     """The Client-Server API of this instance; ``.api.install`` puts it on an app."""
     return ClientProcess(
@@ -492,6 +519,7 @@ def build_client_api(
         announce=announce,
         invalidations_live=invalidations_live,
         send_command=send_command,
+        stream_live=stream_live,
     )
 
 

@@ -732,7 +732,7 @@ class SlidingSyncHandler:
             if acknowledged is None:
                 acknowledged = previous.positions["to_device"] if previous is not None else 0
             upto = self.userdata.position("to_device")
-            messages, end = await self.userdata.to_device_messages(
+            messages, end, _ = await self.userdata.to_device_messages(
                 user_id, requester.device_id, acknowledged, upto
             )
             result["_to_device_end"] = end

@@ -11,8 +11,8 @@ there from any other; called on a process that does not write the stream they an
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
@@ -21,6 +21,8 @@ from roomstream.storage import Transaction
 from roomstream.streams import StreamSet
 
 __all__ = ["UserData"]
+
+R = TypeVar("R")
 
 #: To-device messages handed out per sync.
 TO_DEVICE_LIMIT = 100
@@ -242,13 +244,19 @@ class UserData:
         return bool(sent)
 
     async def to_device_messages(
-        self, user_id: str, device_id: str, acknowledged: int, upto: int
-    ) -> tuple[list[dict[str, Any]], int]:
+        self,
+        user_id: str,
+        device_id: str,
+        acknowledged: int,
+        upto: int,
+        also: Callable[[Transaction], R] | None = None,
+    ) -> tuple[list[dict[str, Any]], int, R | None]:
         """Delete the device's messages up to ``acknowledged`` (the client has them: it
         synced from there), then return the next ones up to ``upto``, with the position
-        to acknowledge them by."""
+        to acknowledge them by, and what ``also`` (another read the caller needs now, in
+        the same transaction: one round trip for both) returned."""
 
-        def txn(t: Transaction) -> tuple[list[Any], int]:
+        def txn(t: Transaction) -> tuple[list[Any], int, R | None]:
             t.execute(
                 "DELETE FROM device_inbox WHERE user_id = ? AND device_id = ? AND stream_id <= ?",
                 (user_id, device_id, acknowledged),
@@ -263,7 +271,8 @@ class UserData:
             if len(rows) > TO_DEVICE_LIMIT:
                 end = int(rows[TO_DEVICE_LIMIT][0]) - 1
                 rows = [r for r in rows if int(r[0]) <= end]
-            return [orjson.loads(r[1]) for r in rows], end
+            extra = None if also is None else also(t)
+            return [orjson.loads(r[1]) for r in rows], end, extra
 
         return await self.db.run_interaction("to_device_messages", txn)
 

@@ -3,18 +3,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from roomstream.rooms.store import chunks, placeholders
 from roomstream.storage import Transaction
 
 __all__ = [
+    "cross_signing_keys_of_users_txn",
     "cross_signing_keys_txn",
     "put_cross_signing_key_txn",
     "put_signature_txn",
-    "signatures_on_txn",
+    "signatures_on_users_txn",
 ]
 
 
@@ -24,6 +26,23 @@ def cross_signing_keys_txn(t: Transaction, user_id: str) -> dict[str, dict[str, 
         "SELECT key_type, key_json FROM e2e_cross_signing_keys WHERE user_id = ?", (user_id,)
     )
     return {str(kind): dict(orjson.loads(raw)) for kind, raw in rows}
+
+
+def cross_signing_keys_of_users_txn(
+    t: Transaction, user_ids: Sequence[str]
+) -> dict[str, dict[str, tuple[str, str]]]:
+    """user -> key type -> (public key, key JSON as stored), one statement per chunk of
+    users, the JSON left undecoded."""
+    found: dict[str, dict[str, tuple[str, str]]] = {}
+    for chunk in chunks(user_ids):
+        rows = t.query(
+            "SELECT user_id, key_type, public_key, key_json FROM e2e_cross_signing_keys"
+            f" WHERE user_id IN ({placeholders(len(chunk))})",
+            chunk,
+        )
+        for user_id, kind, public_key, raw in rows:
+            found.setdefault(str(user_id), {})[str(kind)] = (str(public_key), str(raw))
+    return found
 
 
 def put_cross_signing_key_txn(
@@ -54,20 +73,21 @@ def put_signature_txn(
     )
 
 
-def signatures_on_txn(
-    t: Transaction, target_user_id: str, target_key_ids: Iterable[str]
-) -> dict[str, dict[str, dict[str, str]]]:
-    """target key ID -> signer user -> signer key ID -> signature."""
-    wanted = set(target_key_ids)
-    rows = t.query(
-        "SELECT target_key_id, signer_user_id, signer_key_id, signature FROM e2e_signatures"
-        " WHERE target_user_id = ?",
-        (target_user_id,),
-    )
-    found: dict[str, dict[str, dict[str, str]]] = {}
-    for target, signer, key_id, signature in rows:
-        if target in wanted:
-            found.setdefault(str(target), {}).setdefault(str(signer), {})[str(key_id)] = str(
+def signatures_on_users_txn(
+    t: Transaction, target_user_ids: Sequence[str]
+) -> dict[str, dict[str, dict[str, dict[str, str]]]]:
+    """target user -> target key ID -> signer user -> signer key ID -> signature, for
+    every uploaded signature on the users' keys (one statement per chunk of users)."""
+    found: dict[str, dict[str, dict[str, dict[str, str]]]] = {}
+    for chunk in chunks(target_user_ids):
+        rows = t.query(
+            "SELECT target_user_id, target_key_id, signer_user_id, signer_key_id, signature"
+            f" FROM e2e_signatures WHERE target_user_id IN ({placeholders(len(chunk))})",
+            chunk,
+        )
+        for user_id, target, signer, key_id, signature in rows:
+            by_target = found.setdefault(str(user_id), {})
+            by_target.setdefault(str(target), {}).setdefault(str(signer), {})[str(key_id)] = str(
                 signature
             )
     return found

@@ -7,18 +7,20 @@ its ``device_lists`` row commit together.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from roomstream.rooms.store import chunks, placeholders
 from roomstream.storage import Transaction
 
 __all__ = [
     "claim_fallback_key_txn",
-    "claim_one_time_key_txn",
+    "claim_one_time_keys_txn",
     "delete_device_keys_txn",
     "device_keys_of_txn",
+    "device_keys_of_users_txn",
     "get_device_keys_txn",
     "one_time_key_counts_txn",
     "put_device_keys_txn",
@@ -76,6 +78,29 @@ def device_keys_of_txn(
             unsigned["device_display_name"] = name
         keys["unsigned"] = unsigned
         found[str(device_id)] = keys
+    return found
+
+
+def device_keys_of_users_txn(
+    t: Transaction, user_ids: Sequence[str]
+) -> dict[str, dict[str, tuple[str, str | None]]]:
+    """user -> device ID -> (its uploaded keys' JSON as stored, its display name), for
+    every existing device (``devices``) of the users that has keys: one statement per
+    :data:`~roomstream.rooms.store.CHUNK` users, the JSON left undecoded (a caller that
+    only passes it on need not parse it)."""
+    found: dict[str, dict[str, tuple[str, str | None]]] = {}
+    for chunk in chunks(user_ids):
+        rows = t.query(
+            "SELECT k.user_id, k.device_id, k.key_json, d.display_name FROM e2e_device_keys k"
+            " JOIN devices d ON d.user_id = k.user_id AND d.device_id = k.device_id"
+            f" WHERE k.user_id IN ({placeholders(len(chunk))})",
+            chunk,
+        )
+        for user_id, device_id, raw, name in rows:
+            found.setdefault(str(user_id), {})[str(device_id)] = (
+                str(raw),
+                None if name is None else str(name),
+            )
     return found
 
 
@@ -137,37 +162,66 @@ def unused_fallback_key_types_txn(t: Transaction, user_id: str, device_id: str) 
     return [str(r[0]) for r in rows]
 
 
-def claim_one_time_key_txn(
-    t: Transaction, user_id: str, device_id: str, algorithm: str
-) -> tuple[str, str] | None:
-    """Take (delete and return) the device's one-time key of ``algorithm`` with the lowest
-    key ID: (key ID, key JSON); None when it has none.
+#: Devices per statement of :func:`claim_one_time_keys_txn` (three parameters each).
+CLAIM_CHUNK = 500
 
-    Atomic on both engines: the DELETE ... RETURNING removes the row it returns, so two
-    claims never return the same key. On PostgreSQL (read committed) a DELETE whose chosen
-    row a concurrent claim removed first deletes nothing; it is re-run with a fresh
-    snapshot while keys remain (each round, some claim took a key, so this ends).
+#: One-time keys wanted, as (user ID, device ID, algorithm).
+Wanted = tuple[str, str, str]
+
+
+def _wanted_values(chunk: Sequence[Wanted]) -> tuple[str, list[str]]:
+    """A ``WITH wanted (user_id, device_id, algorithm) AS (VALUES ...)`` clause, and its
+    parameters."""
+    values = ",".join(["(?, ?, ?)"] * len(chunk))
+    sql = f"WITH wanted (user_id, device_id, algorithm) AS (VALUES {values})"
+    return sql, [part for w in chunk for part in w]
+
+
+def claim_one_time_keys_txn(
+    t: Transaction, wanted: Iterable[Wanted]
+) -> dict[Wanted, tuple[str, str]]:
+    """Take (delete and return) each wanted device's one-time key of that algorithm with
+    the lowest key ID: (user, device, algorithm) -> (key ID, key JSON), for those that
+    have one. One statement per :data:`CLAIM_CHUNK` devices.
+
+    Atomic on both engines: the DELETE ... RETURNING removes the rows it returns, so two
+    claims never return the same key (on SQLite a RETURNING statement finishes only once
+    its rows are all read: ``query`` reads them all). On PostgreSQL
+    (read committed) a row the statement chose that a concurrent claim removed first is
+    skipped; the devices left without a key are tried again while they have keys (each
+    round, some concurrent claim took a key of theirs, so this ends).
     """
-    while True:
-        # query (every row), not query_one: SQLite finishes a RETURNING statement only
-        # once its rows are all read.
-        rows = t.query(
-            "DELETE FROM e2e_one_time_keys"
-            " WHERE user_id = ? AND device_id = ? AND algorithm = ? AND key_id = ("
-            "SELECT key_id FROM e2e_one_time_keys"
-            " WHERE user_id = ? AND device_id = ? AND algorithm = ? ORDER BY key_id LIMIT 1)"
-            " RETURNING key_id, key_json",
-            (user_id, device_id, algorithm, user_id, device_id, algorithm),
-        )
-        if rows:
-            return str(rows[0][0]), str(rows[0][1])
-        left = t.query_one(
-            "SELECT 1 FROM e2e_one_time_keys"
-            " WHERE user_id = ? AND device_id = ? AND algorithm = ? LIMIT 1",
-            (user_id, device_id, algorithm),
-        )
-        if left is None:
-            return None
+    claimed: dict[Wanted, tuple[str, str]] = {}
+    pending = list(dict.fromkeys(wanted))
+    while pending:
+        for start in range(0, len(pending), CLAIM_CHUNK):
+            with_wanted, params = _wanted_values(pending[start : start + CLAIM_CHUNK])
+            # The lowest key ID per device by a correlated MIN (an index search each);
+            # a GROUP BY over a join would scan the whole index on SQLite.
+            rows = t.query(
+                f"{with_wanted} DELETE FROM e2e_one_time_keys"
+                " WHERE (user_id, device_id, algorithm, key_id) IN ("
+                "SELECT w.user_id, w.device_id, w.algorithm, (SELECT MIN(k.key_id)"
+                " FROM e2e_one_time_keys k WHERE k.user_id = w.user_id"
+                " AND k.device_id = w.device_id AND k.algorithm = w.algorithm)"
+                " FROM wanted w) RETURNING user_id, device_id, algorithm, key_id, key_json",
+                params,
+            )
+            for user_id, device_id, algorithm, key_id, raw in rows:
+                claimed[(str(user_id), str(device_id), str(algorithm))] = (str(key_id), str(raw))
+        missing = [w for w in pending if w not in claimed]
+        left: set[Wanted] = set()
+        for start in range(0, len(missing), CLAIM_CHUNK):
+            with_wanted, params = _wanted_values(missing[start : start + CLAIM_CHUNK])
+            rows = t.query(
+                f"{with_wanted} SELECT w.user_id, w.device_id, w.algorithm FROM wanted w"
+                " WHERE EXISTS (SELECT 1 FROM e2e_one_time_keys k WHERE k.user_id = w.user_id"
+                " AND k.device_id = w.device_id AND k.algorithm = w.algorithm)",
+                params,
+            )
+            left |= {(str(u), str(d), str(a)) for u, d, a in rows}
+        pending = [w for w in missing if w in left]
+    return claimed
 
 
 def claim_fallback_key_txn(

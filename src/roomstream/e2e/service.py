@@ -3,8 +3,9 @@
 The server stores and hands out keys and never sees plaintext. Invariants:
 - device keys are accepted only signed by the device, for the token's user and device,
   and never replaced by different ones (a device's identity is fixed);
-- a one-time key is handed out at most once (:func:`claim_one_time_key_txn`); when a
-  device has none left, its fallback key is handed out and marked used;
+- a one-time key is handed out at most once
+  (:func:`~roomstream.e2e.device_keys_store.claim_one_time_keys_txn`); when a device has
+  none left, its fallback key is handed out and marked used;
 - every change other users must learn of (new or deleted device keys, renamed devices,
   cross-signing keys, signatures) writes a ``device_lists`` row in the same transaction,
   on this process when it writes that stream (else the caller forwards the write).
@@ -12,7 +13,7 @@ The server stores and hands out keys and never sees plaintext. Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import orjson
@@ -20,6 +21,8 @@ import orjson
 from roomstream.e2e import cross_signing_store as xs
 from roomstream.e2e import device_keys_store as dk
 from roomstream.e2e import device_lists
+from roomstream.e2e.key_format import UserKeys, format_user_keys
+from roomstream.e2e.keys_cache import KeysCache
 from roomstream.e2e.signatures import (
     CROSS_SIGNING_USAGES,
     check_cross_signing_key,
@@ -38,7 +41,7 @@ from roomstream.errors import (
 from roomstream.storage import Database, Transaction
 from roomstream.streams import StreamIdGenerator
 
-__all__ = ["E2eKeys", "PasswordCheck"]
+__all__ = ["E2eKeys", "KeyStatus", "PasswordCheck", "key_status_txn"]
 
 R = TypeVar("R")
 
@@ -74,18 +77,17 @@ def _key_rows(keys: Any, what: str) -> list[dk.KeyRow]:
     return rows
 
 
-def _merge_signatures(
-    obj: dict[str, Any], extra: Mapping[str, Mapping[str, str]] | None
-) -> dict[str, Any]:
-    if not extra:
-        return obj
-    own = obj.get("signatures")
-    signatures = {
-        u: dict(s) for u, s in (own.items() if isinstance(own, dict) else ()) if isinstance(s, dict)
-    }
-    for user, by_key in extra.items():
-        signatures.setdefault(user, {}).update(by_key)
-    return {**obj, "signatures": signatures}
+#: A device's one-time key counts by algorithm and its unused fallback key types.
+KeyStatus = tuple[dict[str, int], list[str]]
+
+
+def key_status_txn(t: Transaction, user_id: str, device_id: str) -> KeyStatus:
+    """:meth:`E2eKeys.key_status` inside the caller's transaction (a ``/sync`` reads it
+    with the device's to-device messages: one round trip for both)."""
+    counts = dk.one_time_key_counts_txn(t, user_id, device_id)
+    fallbacks = dk.unused_fallback_key_types_txn(t, user_id, device_id)
+    # Synapse always reports signed_curve25519 (clients top up from 0).
+    return {"signed_curve25519": 0, **counts}, fallbacks
 
 
 class E2eKeys:
@@ -95,11 +97,17 @@ class E2eKeys:
         device_lists_writer: StreamIdGenerator,
         check_password: PasswordCheck,
         forward: Forward | None = None,
+        *,
+        cache_live: Callable[[], bool] | None = None,
     ) -> None:
         """``forward``: how a process that does not write ``device_lists`` has the
         writer carry out the writes that add a row (see :meth:`perform`); None: refused
-        with 400 there."""
+        with 400 there. ``cache_live``: whether the ``device_lists`` rows of other
+        processes reach this one as they are written (see
+        :class:`~roomstream.e2e.keys_cache.KeysCache`; None: there are none)."""
         self.db = database
+        #: Users' formatted ``/keys/query`` parts; see :meth:`apply_device_lists_rows`.
+        self.cache = KeysCache(live=cache_live)
         self.stream = device_lists_writer
         self._check_password = check_password
         self._forward = forward
@@ -136,6 +144,11 @@ class E2eKeys:
 
     # -- the device_lists stream -------------------------------------------------------
 
+    def apply_device_lists_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """``device_lists`` rows another process wrote (replication): their users'
+        cached keys are dropped."""
+        self.cache.apply_rows(rows)
+
     def position(self) -> int:
         """Every ``device_lists`` fact at or below this is complete."""
         return self.stream.get_linear_position()
@@ -144,21 +157,46 @@ class E2eKeys:
     def writes_device_lists(self) -> bool:
         return self.stream.is_writer()
 
+    @property
+    def forwards_writes(self) -> bool:
+        """Whether writes that add a ``device_lists`` row go to its writer from here."""
+        return self._forwards()
+
     async def _write(self, name: str, func: Callable[[Transaction], tuple[set[str], R]]) -> R:
         """Run ``func`` (returning (users whose device lists changed, result)) in one
         transaction named ``name``, with the ``device_lists`` row it calls for."""
         if not self.stream.is_writer():
             raise BadRequestError(f"{self.stream.instance_name} does not write device_lists")
         instance = self.stream.instance_name
+        changed: set[str] = set()
 
         def txn(t: Transaction, ids: list[int]) -> R:
-            changed, result = func(t)
-            if changed:
-                device_lists.append_txn(t, ids[0], instance, changed)
+            changed.clear()  # a retried transaction starts again
+            users, result = func(t)
+            changed.update(users)
+            if users:
+                device_lists.append_txn(t, ids[0], instance, users)
             return result
 
-        _, result = await self.stream.run_with_ids(name, 1, txn)
+        try:
+            _, result = await self.stream.run_with_ids(name, 1, txn)
+        finally:
+            # At once, before the writer's client hears of it: its next query here sees
+            # the change (other processes drop it when the row reaches them). Also when
+            # the commit's outcome is unknown (an error after it): dropping is safe.
+            if changed:
+                self.cache.invalidate_users(changed)
         return result
+
+    async def _forwarded(self, op: str, args: dict[str, Any], users: Iterable[str]) -> Any:
+        """Have the ``device_lists`` writer carry out ``op``; then forget ``users``' cached
+        keys here at once (the row's replication does too, a little later), so that this
+        process's next query after the write sees it."""
+        assert self._forward is not None
+        try:
+            return await self._forward(op, args)
+        finally:
+            self.cache.invalidate_users(users)
 
     async def changed_since(
         self,
@@ -198,10 +236,9 @@ class E2eKeys:
     ) -> dict[str, int]:
         """``POST /keys/upload``; the device's one-time key counts after it."""
         if device_keys is not None and self._forwards():
-            assert self._forward is not None
             args = {"user_id": user_id, "device_id": device_id, "device_keys": device_keys}
             args |= {"one_time_keys": one_time_keys, "fallback_keys": fallback_keys}
-            return dict(await self._forward("upload", args))
+            return dict(await self._forwarded("upload", args, [user_id]))
         keys = None if device_keys is None else check_device_keys(device_keys, user_id, device_id)
         otks = _key_rows(one_time_keys, "one_time_keys")
         fallbacks = _key_rows(fallback_keys, "fallback_keys")
@@ -235,17 +272,10 @@ class E2eKeys:
         )
         return {"signed_curve25519": 0, **counts}
 
-    async def key_status(self, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
+    async def key_status(self, user_id: str, device_id: str) -> KeyStatus:
         """(one-time key counts, unused fallback key types) of a device, in one
-        transaction (what every /sync sends)."""
-
-        def txn(t: Transaction) -> tuple[dict[str, int], list[str]]:
-            counts = dk.one_time_key_counts_txn(t, user_id, device_id)
-            return {"signed_curve25519": 0, **counts}, dk.unused_fallback_key_types_txn(
-                t, user_id, device_id
-            )
-
-        return await self.db.run_interaction("e2e_key_status", txn)
+        transaction (what every /sync sends; :func:`key_status_txn` inside another)."""
+        return await self.db.run_interaction("e2e_key_status", key_status_txn, user_id, device_id)
 
     async def unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
         return await self.db.run_interaction(
@@ -253,48 +283,66 @@ class E2eKeys:
         )
 
     async def query(self, requester: str, wanted: Mapping[str, list[str]]) -> dict[str, Any]:
-        """``POST /keys/query``: ``wanted`` maps user -> device IDs (empty: all)."""
+        """``POST /keys/query``: ``wanted`` maps user -> device IDs (empty: all).
 
-        def txn(t: Transaction) -> dict[str, Any]:
-            result: dict[str, Any] = {
-                "device_keys": {},
-                "master_keys": {},
-                "self_signing_keys": {},
-                "user_signing_keys": {},
-                "failures": {},
-            }
-            for user_id, device_ids in wanted.items():
-                devices = dk.device_keys_of_txn(t, user_id, device_ids or None)
-                cross = xs.cross_signing_keys_txn(t, user_id)
-                public = {kind: cross_signing_public_key(key)[1] for kind, key in cross.items()}
-                extra = xs.signatures_on_txn(t, user_id, [*devices, *public.values()])
-                result["device_keys"][user_id] = {
-                    d: _merge_signatures(keys, extra.get(d)) for d, keys in devices.items()
+        The answer's key objects are :class:`orjson.Fragment` (JSON text, ready for
+        ``orjson.dumps``), not dicts: a user's keys are read as stored and passed on.
+        Users in :attr:`cache` cost no database read; the others are read with three
+        statements for them all (per chunk of them), in one transaction, and cached."""
+        cache = self.cache
+        formatted = cache.get_many(wanted)
+        missing = [u for u in wanted if u not in formatted]
+        if missing:
+            generation = cache.generation
+
+            def txn(t: Transaction) -> dict[str, UserKeys]:
+                devices = dk.device_keys_of_users_txn(t, missing)
+                cross = xs.cross_signing_keys_of_users_txn(t, missing)
+                signatures = xs.signatures_on_users_txn(t, missing)
+                return {
+                    u: format_user_keys(devices.get(u, {}), cross.get(u, {}), signatures.get(u, {}))
+                    for u in missing
                 }
-                for kind, key in cross.items():
-                    if kind == "user_signing" and user_id != requester:
-                        continue
-                    merged = _merge_signatures(key, extra.get(public[kind]))
-                    result[f"{kind}_keys"][user_id] = merged
-            return result
 
-        return await self.db.run_interaction("e2e_query_keys", txn)
+            fresh = await self.db.run_interaction("e2e_query_keys", txn)
+            for user_id, keys in fresh.items():
+                cache.put(user_id, keys, generation)
+            formatted.update(fresh)
+        result: dict[str, Any] = {
+            "device_keys": {},
+            "master_keys": {},
+            "self_signing_keys": {},
+            "user_signing_keys": {},
+            "failures": {},
+        }
+        for user_id, device_ids in wanted.items():
+            keys = formatted[user_id]
+            result["device_keys"][user_id] = keys.select(device_ids)
+            for kind, fragment in keys.cross.items():
+                if kind == "user_signing" and user_id != requester:
+                    continue
+                result[f"{kind}_keys"][user_id] = fragment
+        return result
 
     async def claim(self, wanted: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-        """``POST /keys/claim``: user -> device -> algorithm; one key per device."""
+        """``POST /keys/claim``: user -> device -> algorithm; one key per device, all in
+        one transaction: one statement for every device's one-time key
+        (:func:`~roomstream.e2e.device_keys_store.claim_one_time_keys_txn`), then one per
+        device that had none, for its fallback key."""
+        asked = [(u, d, a) for u, devices in wanted.items() for d, a in devices.items()]
 
         def txn(t: Transaction) -> dict[str, Any]:
+            found = dk.claim_one_time_keys_txn(t, asked)
             claimed: dict[str, dict[str, dict[str, Any]]] = {}
-            for user_id, devices in wanted.items():
-                for device_id, algorithm in devices.items():
-                    found = dk.claim_one_time_key_txn(t, user_id, device_id, algorithm)
-                    if found is None:
-                        found = dk.claim_fallback_key_txn(t, user_id, device_id, algorithm)
-                    if found is not None:
-                        key_id, raw = found
-                        claimed.setdefault(user_id, {})[device_id] = {
-                            f"{algorithm}:{key_id}": orjson.loads(raw)
-                        }
+            for user_id, device_id, algorithm in asked:
+                key = found.get((user_id, device_id, algorithm))
+                if key is None:  # no one-time key left: the fallback key, if any
+                    key = dk.claim_fallback_key_txn(t, user_id, device_id, algorithm)
+                if key is not None:
+                    key_id, raw = key
+                    claimed.setdefault(user_id, {})[device_id] = {
+                        f"{algorithm}:{key_id}": orjson.loads(raw)
+                    }
             return {"one_time_keys": claimed, "failures": {}}
 
         return await self.db.run_interaction("e2e_claim_keys", txn)
@@ -302,8 +350,8 @@ class E2eKeys:
     async def device_deleted(self, user_id: str, device_ids: list[str]) -> None:
         """Forget the keys of deleted devices and tell the user's contacts."""
         if self._forwards():
-            assert self._forward is not None
-            await self._forward("device_deleted", {"user_id": user_id, "device_ids": device_ids})
+            args = {"user_id": user_id, "device_ids": device_ids}
+            await self._forwarded("device_deleted", args, [user_id])
             return
 
         def txn(t: Transaction) -> tuple[set[str], None]:
@@ -315,8 +363,7 @@ class E2eKeys:
 
     async def device_renamed(self, user_id: str) -> None:
         if self._forwards():
-            assert self._forward is not None
-            await self._forward("device_renamed", {"user_id": user_id})
+            await self._forwarded("device_renamed", {"user_id": user_id}, [user_id])
             return
         await self._write("device_renamed", lambda t: ({user_id}, None))
 
@@ -328,9 +375,8 @@ class E2eKeys:
         """``POST /keys/device_signing/upload``. Replacing an existing master key needs the
         user's password (user-interactive auth); the first one does not (as Synapse)."""
         if self._forwards():
-            assert self._forward is not None
             args = {"user_id": user_id, "body": dict(body), "auth": auth}
-            await self._forward("upload_cross_signing", args)
+            await self._forwarded("upload_cross_signing", args, [user_id])
             return
         uploaded = {k: body[k] for k in CROSS_SIGNING_USAGES if body.get(k) is not None}
         current = await self.db.run_interaction(
@@ -365,9 +411,9 @@ class E2eKeys:
         against the signing key it names; the ones that fail are reported per key in
         ``failures`` and not stored."""
         if self._forwards():
-            assert self._forward is not None
             args = {"user_id": requester, "body": dict(body)}
-            return dict(await self._forward("upload_signatures", args))
+            targets = [u for u in body if isinstance(u, str)]
+            return dict(await self._forwarded("upload_signatures", args, targets))
         failures: dict[str, dict[str, dict[str, str]]] = {}
 
         def fail(user: str, key_id: str, errcode: str, error: str) -> None:

@@ -31,6 +31,7 @@ from roomstream.client.store import ClientStore
 from roomstream.client.typing import TypingState
 from roomstream.client.userdata import UserData
 from roomstream.e2e import E2eKeys
+from roomstream.e2e.service import KeyStatus
 from roomstream.reading import RoomReader
 
 __all__ = [
@@ -122,6 +123,10 @@ class SyncContext:
     #: saw it (None: none moved, or not incremental): the device lists section reads
     #: who came to share, or stopped sharing, a room with the user there.
     membership_range: tuple[int, int] | None = None
+    #: The device's key status (one-time key counts, unused fallback key types) when a
+    #: section read it already in this build (the to-device section, with the messages:
+    #: one round trip for both); None: the device lists section reads it.
+    key_status: KeyStatus | None = None
     _joined: list[str] | None = None
 
     @property
