@@ -60,7 +60,9 @@ async function main() {
   const liveThread = await waitFor(bob, "the thread's three replies", () => {
     const found = room.getThread(rootId);
     const ids = found?.timeline.map((e) => e.getId()) ?? [];
-    return replies.every((id) => ids.includes(id)) ? found : null;
+    // Its length is the client's reply count (the server's count, then live replies).
+    const complete = replies.every((id) => ids.includes(id)) && found.length === replies.length;
+    return complete ? found : null;
   });
   const edited = await waitFor(bob, "the edit applied", () => {
     const body = room.findEventById(rootId)?.getContent().body;
