@@ -178,7 +178,10 @@ async def test_reader_forwards_user_data_typing_rooms_and_v10_redactions(
         assert seen["content"] == {}  # the redaction applied
 
         # Receipts and typing (w2), to-device (w1), all sent on the reader.
-        await alice.ok("POST", f"/rooms/{v10}/receipt/m.read/{message['event_id']}", {})
+        # A threaded receipt: validated on the reader, forwarded with its thread.
+        await alice.ok(
+            "POST", f"/rooms/{v10}/receipt/m.read/{message['event_id']}", {"thread_id": "main"}
+        )
         await alice.ok("PUT", f"/rooms/{v11}/typing/{alice.user_id}", {"typing": True})
         await alice.ok(
             "PUT",
@@ -196,7 +199,8 @@ async def test_reader_forwards_user_data_typing_rooms_and_v10_redactions(
             return {"m.receipt", "m.typing", "org.example.ping"} <= set(got)
 
         await bob.sync_until(ephemeral)
-        assert alice.user_id in got["m.receipt"][message["event_id"]]["m.read"]
+        receipt = got["m.receipt"][message["event_id"]]["m.read"][alice.user_id]
+        assert receipt["thread_id"] == "main"
         assert got["m.typing"] == {"user_ids": [alice.user_id]}
         assert got["org.example.ping"]["sender"] == alice.user_id
         assert got["org.example.ping"]["content"] == {"n": 1}

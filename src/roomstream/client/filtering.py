@@ -216,13 +216,15 @@ class EventFilter:
 class RoomEventFilter(EventFilter):
     """Spec ``RoomEventFilter`` (``StateFilter`` too): an :class:`EventFilter` plus
     ``rooms``, ``not_rooms``, ``contains_url``, ``lazy_load_members``,
-    ``include_redundant_members``."""
+    ``include_redundant_members``, ``unread_thread_notifications`` (read from the
+    timeline filter of a sync filter: per-thread unread counts, as Synapse)."""
 
     rooms: tuple[str, ...] | None = None
     not_rooms: tuple[str, ...] = ()
     contains_url: bool | None = None
     lazy_load_members: bool = False
     include_redundant_members: bool = False
+    unread_thread_notifications: bool = False
     _rooms: frozenset[str] | None = field(default=None, repr=False, compare=False)
     _not_rooms: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
@@ -309,6 +311,7 @@ def parse_room_event_filter(definition: Mapping[str, Any], where: str = "") -> R
         contains_url=contains_url,
         lazy_load_members=_bool(definition, "lazy_load_members", where, False),
         include_redundant_members=_bool(definition, "include_redundant_members", where, False),
+        unread_thread_notifications=_bool(definition, "unread_thread_notifications", where, False),
     )
 
 

@@ -35,11 +35,13 @@ from roomstream.events.types import EventTypes
 from roomstream.glob import Glob, compile_glob
 from roomstream.lru import LruCache
 from roomstream.reading import RoomReader
+from roomstream.reading.relations import MAIN_TIMELINE, threads_of_txn
 from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Transaction
 
 __all__ = [
     "PushContext",
+    "ThreadedCounts",
     "UnreadCounter",
     "decide",
     "evaluate",
@@ -227,33 +229,65 @@ def count_unread(
     return notifications, highlights
 
 
+#: A room's floors: where counting starts for the main timeline, and for each thread the
+#: user has a threaded receipt in (``(thread root, floor)`` sorted); other threads start
+#: at the first, the later of the join and the unthreaded receipts.
+_Floors = tuple[int, int, tuple[tuple[str, int], ...]]
+
+
 @dataclass(frozen=True)
 class _Counted:
-    """Counts of a (user, room) from ``floor`` (the receipt or join stream ordering) up to
-    and including stream ordering ``upto``, as the database held them when the room's
-    events were last seen to move at or before ``checked_at`` (an events position: see
-    :class:`UnreadCounter`). A room's events are persisted by one writer in stream order,
-    so an event arriving later has a stream ordering above ``upto``: while the floor
-    stays, new events only add to the counts."""
+    """Counts of a (user, room) from its floors up to and including stream ordering
+    ``upto``, per thread (``main``: events in no thread), as the database held them
+    when the room's events were last seen to move at or before ``checked_at`` (an events
+    position: see :class:`UnreadCounter`). A room's events are persisted by one writer in
+    stream order, so an event arriving later has a stream ordering above ``upto``: while
+    the floors stay, new events only add to the counts."""
 
-    floor: int
+    floors: _Floors
     upto: int
     checked_at: int
-    counts: tuple[int, int]
+    #: thread (``main`` or a thread root) -> (notifications, highlights); no zeros.
+    counts: Mapping[str, tuple[int, int]]
     #: The rules document they were counted with (compared by identity: the rules store
     #: hands out one object until the user's rules change).
     rules: Mapping[str, Any]
+
+    def total(self) -> dict[str, int]:
+        """All threads' counts added up (the room's counts without the thread filter)."""
+        return {
+            "notification_count": sum(n for n, _ in self.counts.values()),
+            "highlight_count": sum(h for _, h in self.counts.values()),
+        }
+
+
+def _as_counts(counts: tuple[int, int]) -> dict[str, int]:
+    return {"notification_count": counts[0], "highlight_count": counts[1]}
+
+
+@dataclass(frozen=True)
+class ThreadedCounts:
+    """A room's counts split as ``unread_thread_notifications`` asks: ``main`` (events
+    in no thread) and ``threads`` (per thread root with any count)."""
+
+    main: dict[str, int]
+    threads: dict[str, dict[str, int]]
 
 
 class UnreadCounter:
     """Counts for a user's rooms, read in one database interaction.
 
-    Remembers each (user, room)'s counts: they are reused while the user's receipt (or
-    join) has not moved and the read path's change cache says the room has no event
+    Remembers each (user, room)'s counts: they are reused while the user's receipts (or
+    join) have not moved and the read path's change cache says the room has no event
     after the position the reader had ingested before they were counted (an event
     persisted after counting is after that position, so it invalidates them once the
     reader sees it, which is also when a sync can first show it). So a repeated sync
     costs two statements (receipts, memberships) whatever the number of rooms.
+
+    Threads, as Synapse: an event in thread T (:func:`~roomstream.reading.relations.
+    threads_of_txn`) is unread after the later of the user's unthreaded receipts and
+    their receipt for T; an event in no thread, after the later of the unthreaded and
+    ``main`` receipts; with no receipt, after the user's join.
     """
 
     def __init__(
@@ -267,7 +301,21 @@ class UnreadCounter:
         self._counted: LruCache[tuple[str, str], _Counted] = LruCache("unread_counts")
 
     async def counts(self, user_id: str, room_ids: Sequence[str]) -> dict[str, dict[str, int]]:
-        """room -> ``{"notification_count", "highlight_count"}``."""
+        """room -> ``{"notification_count", "highlight_count"}``, threads included."""
+        return {r: c.total() for r, c in (await self._count(user_id, room_ids)).items()}
+
+    async def threaded_counts(
+        self, user_id: str, room_ids: Sequence[str]
+    ) -> dict[str, ThreadedCounts]:
+        """room -> its counts split into the main timeline and each thread."""
+        result = {}
+        for room_id, counted in (await self._count(user_id, room_ids)).items():
+            threads = {t: _as_counts(c) for t, c in counted.counts.items() if t != MAIN_TIMELINE}
+            main = _as_counts(counted.counts.get(MAIN_TIMELINE, (0, 0)))
+            result[room_id] = ThreadedCounts(main, threads)
+        return result
+
+    async def _count(self, user_id: str, room_ids: Sequence[str]) -> dict[str, _Counted]:
         if not room_ids:
             return {}
         rules = (
@@ -289,17 +337,54 @@ class UnreadCounter:
         found: dict[str, _Counted] = await self.reader.db.run_interaction(
             "unread_counts", _counts_txn, rules, user_id, sorted(room_ids), known, grown, checked_at
         )
-        result = {}
         for room_id, counted in found.items():
-            n, h = counted.counts
-            result[room_id] = {"notification_count": n, "highlight_count": h}
             if counted is not known.get(room_id):
                 self._counted.set((user_id, room_id), counted)
-        return result
+        return found
 
 
 def _marks(n: int) -> str:
     return ",".join("?" * n)
+
+
+def _floors_txn(txn: Transaction, user_id: str, chunk: list[str]) -> dict[str, _Floors]:
+    """Each room's floors (:data:`_Floors`) from the user's membership event and their
+    ``m.read`` / ``m.read.private`` receipts (unthreaded: NULL or empty thread ID)."""
+    marks = _marks(len(chunk))
+    base: dict[str, int] = {}
+    for room_id, stream in txn.query(
+        "SELECT c.room_id, e.stream_ordering FROM current_state_events c"
+        " JOIN events e ON e.event_id = c.event_id"
+        f" WHERE c.room_id IN ({marks}) AND c.type = 'm.room.member' AND c.state_key = ?",
+        (*chunk, user_id),
+    ):
+        base[str(room_id)] = int(stream)
+    threaded: dict[str, dict[str, int]] = {}
+    for room_id, thread_id, stream in txn.query(
+        "SELECT r.room_id, r.thread_id, MAX(e.stream_ordering) FROM receipts r"
+        " JOIN events e ON e.event_id = r.event_id"
+        f" WHERE r.room_id IN ({marks}) AND r.user_id = ?"
+        " AND r.receipt_type IN ('m.read', 'm.read.private')"
+        " GROUP BY r.room_id, r.thread_id",
+        (*chunk, user_id),
+    ):
+        if stream is None:
+            continue
+        if not thread_id:
+            base[str(room_id)] = max(base.get(str(room_id), 0), int(stream))
+        else:
+            threaded.setdefault(str(room_id), {})[str(thread_id)] = int(stream)
+    floors = {}
+    for room_id in chunk:
+        lowest = base.get(room_id, 0)
+        receipts = threaded.get(room_id, {})
+        main = max(lowest, receipts.pop(MAIN_TIMELINE, 0))
+        floors[room_id] = (
+            lowest,
+            main,
+            tuple(sorted((t, f) for t, f in receipts.items() if f > lowest)),
+        )
+    return floors
 
 
 def _counts_txn(
@@ -311,43 +396,41 @@ def _counts_txn(
     grown: Mapping[str, _Counted],
     checked_at: int,
 ) -> dict[str, _Counted]:
-    """room -> its counts. A ``known`` entry with the same floor is reused as it is; a
-    ``grown`` one with the same floor is extended by the events after its ``upto``."""
+    """room -> its counts. A ``known`` entry with the same floors is reused as it is; a
+    ``grown`` one with the same floors is extended by the events after its ``upto``.
+
+    Counting afresh reads the room's events after the lowest floor but the unthreaded
+    one (the main and threaded receipts), and before it only the relation events (by
+    ``event_relations (room_id, stream_ordering)``): an event in no thread there is read."""
     result: dict[str, _Counted] = {}
     for start in range(0, len(room_ids), 500):
         chunk = room_ids[start : start + 500]
-        marks = _marks(len(chunk))
-        # Where counting starts: the user's latest receipt, or their membership event.
-        floor: dict[str, int] = {}
-        for room_id, stream in txn.query(
-            "SELECT c.room_id, e.stream_ordering FROM current_state_events c"
-            " JOIN events e ON e.event_id = c.event_id"
-            f" WHERE c.room_id IN ({marks}) AND c.type = 'm.room.member' AND c.state_key = ?",
-            (*chunk, user_id),
-        ):
-            floor[str(room_id)] = int(stream)
-        for room_id, stream in txn.query(
-            "SELECT r.room_id, MAX(e.stream_ordering) FROM receipts r"
-            " JOIN events e ON e.event_id = r.event_id"
-            f" WHERE r.room_id IN ({marks}) AND r.user_id = ?"
-            " AND r.receipt_type IN ('m.read', 'm.read.private')"
-            " AND (r.thread_id IS NULL OR r.thread_id = '' OR r.thread_id = 'main')"
-            " GROUP BY r.room_id",
-            (*chunk, user_id),
-        ):
-            if stream is not None:
-                floor[str(room_id)] = max(floor.get(str(room_id), 0), int(stream))
+        all_floors = _floors_txn(txn, user_id, chunk)
         for room_id in chunk:
-            start_at = floor.get(room_id, 0)
+            floors = all_floors[room_id]
             cached = known.get(room_id)
-            if cached is not None and cached.floor == start_at:
+            if cached is not None and cached.floors == floors:
                 result[room_id] = cached
                 continue
             base = grown.get(room_id)
-            if base is not None and base.floor == start_at:
-                after, prior = base.upto, base.counts
+            context: list[PushContext] = []
+            if base is not None and base.floors == floors:
+                after, counts = base.upto, dict(base.counts)
             else:
-                after, prior = start_at, (0, 0)
+                lowest, main, threaded = floors
+                after = min([main, *(f for _, f in threaded)])
+                counts = {}
+                if after > lowest:
+                    rows = txn.query(
+                        "SELECT r.event_id, r.stream_ordering FROM event_relations r"
+                        " JOIN events e ON e.event_id = r.event_id"
+                        " WHERE r.room_id = ? AND r.stream_ordering > ?"
+                        " AND r.stream_ordering <= ? AND r.sender <> ?"
+                        " AND e.rejected_reason IS NULL AND e.soft_failed = ? AND e.outlier = ?"
+                        f" ORDER BY r.stream_ordering LIMIT {MAX_COUNTED}",
+                        (room_id, lowest, after, user_id, False, False),
+                    )
+                    _count_rows(txn, rules, user_id, room_id, floors, rows, counts, context)
             rows = txn.query(
                 "SELECT event_id, stream_ordering FROM events"
                 " WHERE room_id = ? AND stream_ordering > ?"
@@ -355,21 +438,58 @@ def _counts_txn(
                 f" AND outlier = ? ORDER BY stream_ordering LIMIT {MAX_COUNTED}",
                 (room_id, after, user_id, False, False),
             )
-            counts = prior
             if rows:
-                events = _events_in_order(txn, [str(r[0]) for r in rows])
-                n, h = count_unread(rules, events, push_context_txn(txn, room_id, user_id))
-                counts = (prior[0] + n, prior[1] + h)
+                _count_rows(txn, rules, user_id, room_id, floors, rows, counts, context)
                 after = int(rows[-1][1])
-            result[room_id] = _Counted(start_at, after, checked_at, counts, rules)
+            result[room_id] = _Counted(floors, after, checked_at, counts, rules)
     return result
 
 
-def _events_in_order(txn: Transaction, event_ids: list[str]) -> list[Mapping[str, Any]]:
+def _count_rows(
+    txn: Transaction,
+    rules: Mapping[str, Any],
+    user_id: str,
+    room_id: str,
+    floors: _Floors,
+    rows: Sequence[Sequence[Any]],
+    counts: dict[str, tuple[int, int]],
+    context: list[PushContext],
+) -> None:
+    """Add to ``counts`` the events of ``rows`` (``(event_id, stream_ordering)``, in
+    order, none the user's own) after their thread's floor that the rules say notify.
+    ``context``: the room's push context, read once (empty until needed)."""
+    lowest, main, threaded = floors
+    thread_floors = dict(threaded)
+    event_ids = [str(r[0]) for r in rows]
+    thread_of = threads_of_txn(txn, event_ids)
+    streams = {str(r[0]): int(r[1]) for r in rows}
+    unread = []
+    for event_id in event_ids:
+        thread = thread_of.get(event_id, MAIN_TIMELINE)
+        floor = main if thread == MAIN_TIMELINE else thread_floors.get(thread, lowest)
+        if streams[event_id] > floor:
+            unread.append(event_id)
+    if not unread:
+        return
+    if not context:
+        context.append(push_context_txn(txn, room_id, user_id))
+    loaded = _load_all(txn, unread)
+    for event_id in unread:
+        if event_id not in loaded:
+            continue
+        notify, highlight = evaluate(rules, loaded[event_id].data, context[0])
+        if not notify:
+            continue
+        thread = thread_of.get(event_id, MAIN_TIMELINE)
+        n, h = counts.get(thread, (0, 0))
+        counts[thread] = (n + 1, h + highlight)
+
+
+def _load_all(txn: Transaction, event_ids: list[str]) -> dict[str, Any]:
     loaded = {}
     for start in range(0, len(event_ids), 500):
         loaded.update(load_events_txn(txn, event_ids[start : start + 500]))
-    return [loaded[e].data for e in event_ids if e in loaded]
+    return loaded
 
 
 def push_context_txn(txn: Transaction, room_id: str, user_id: str) -> PushContext:

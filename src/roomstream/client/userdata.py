@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import orjson
 
 from roomstream.errors import BadRequestError
+from roomstream.reading.relations import MAIN_TIMELINE, receipt_thread_txn, threads_of_txn
 from roomstream.storage import Transaction
 from roomstream.streams import StreamSet
 
@@ -162,6 +163,20 @@ class UserData:
 
         ids, _ = await self._writer("receipts").run_with_ids("put_receipt", 1, txn)
         return int(ids[0])
+
+    async def event_in_thread(self, room_id: str, event_id: str, thread_id: str) -> bool:
+        """Whether a receipt on ``event_id`` may name ``thread_id`` (Synapse's
+        ``_is_event_in_thread``): ``main`` for an event in no thread
+        (:func:`~roomstream.reading.relations.threads_of_txn`), a thread root for the
+        root, its replies and what relates to them
+        (:func:`~roomstream.reading.relations.receipt_thread_txn`)."""
+        if thread_id == MAIN_TIMELINE:
+            found = await self.db.run_interaction("event_thread", threads_of_txn, [event_id])
+            return event_id not in found
+        found_thread = await self.db.run_interaction(
+            "receipt_thread", receipt_thread_txn, room_id, event_id
+        )
+        return found_thread == thread_id
 
     async def receipts_since(
         self, room_ids: Sequence[str], since: int, upto: int

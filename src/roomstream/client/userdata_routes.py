@@ -136,22 +136,36 @@ def userdata_routes(
         room_id = request.match_info["room_id"]
         receipt_type = request.match_info["receipt_type"]
         body = await read_json(request)
+        event_id = _key(request, "event_id")
         thread_id = optional(body, "thread_id", str)
         await rooms.require_joined(requester, room_id)
+        if thread_id is not None:
+            await _check_thread(room_id, receipt_type, event_id, thread_id)
         if receipt_type == "m.fully_read":
             await writes.put_account_data(
                 requester.user_id,
                 room_id,
                 "m.fully_read",
-                {"event_id": _key(request, "event_id")},
+                {"event_id": event_id},
             )
         elif receipt_type in RECEIPT_TYPES:
-            await writes.put_receipt(
-                room_id, receipt_type, requester.user_id, _key(request, "event_id"), thread_id
-            )
+            await writes.put_receipt(room_id, receipt_type, requester.user_id, event_id, thread_id)
         else:
             raise InvalidParamError(f"unknown receipt type {receipt_type}")
         return json_response({})
+
+    async def _check_thread(room_id: str, receipt_type: str, event_id: str, thread_id: str) -> None:
+        """A threaded receipt as Synapse accepts it: a non-empty ``thread_id``, not on
+        ``m.fully_read``, and naming the thread the event is in (``main``: an event in no
+        thread; a thread root: the root, its replies, or what relates to them)."""
+        if not thread_id:
+            raise InvalidParamError("thread_id must be a non-empty string")
+        if receipt_type == "m.fully_read":
+            raise InvalidParamError("thread_id is not compatible with m.fully_read receipts")
+        if receipt_type not in RECEIPT_TYPES:
+            raise InvalidParamError(f"unknown receipt type {receipt_type}")
+        if not await data.event_in_thread(room_id, event_id, thread_id):
+            raise InvalidParamError(f"event_id {event_id} is not related to thread {thread_id}")
 
     async def read_markers(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)

@@ -46,18 +46,23 @@ from roomstream.rooms.participants import TimelineInput
 from roomstream.storage import Transaction
 
 __all__ = [
+    "MAIN_TIMELINE",
     "MAX_RECURSION_DEPTH",
     "RelationReads",
     "RelationsChunk",
     "RelationsRecorder",
     "ThreadsChunk",
+    "receipt_thread_txn",
     "relation_of",
+    "threads_of_txn",
 ]
 
 #: How many levels of relations ``recurse=true`` follows (Synapse's, as MSC3981 asks).
 MAX_RECURSION_DEPTH = 3
 
 THREAD = "m.thread"
+#: The thread ID of events in no thread (threaded receipts, unread thread counts).
+MAIN_TIMELINE = "main"
 REFERENCE = "m.reference"
 ANNOTATION = "m.annotation"
 
@@ -461,3 +466,50 @@ def _readable_view_txn(txn: Transaction, user_id: str, room_id: str) -> _View:
     if membership != "join" and membership != "leave" and view.current_visibility != WORLD_READABLE:
         raise ForbiddenError(f"user {user_id} may not read room {room_id}")
     return view
+
+
+def threads_of_txn(txn: Transaction, event_ids: Sequence[str]) -> dict[str, str]:
+    """event -> the root of the thread it is in, for those of ``event_ids`` in a thread
+    (the rest are in the main timeline). As Synapse's ``get_thread_id``: an event is in
+    thread T if it has an ``m.thread`` relation to T, or any relation to an event that
+    has one (a reaction to, or an edit of, a thread reply); a thread root itself is in
+    the main timeline. Both lookups are by primary key."""
+    found: dict[str, str] = {}
+    for chunk in _chunks(list(event_ids)):
+        for event_id, rel_type, parent, parent_type, parent_parent in txn.query(
+            "SELECT c.event_id, c.relation_type, c.relates_to_id, p.relation_type,"
+            " p.relates_to_id FROM event_relations c"
+            " LEFT JOIN event_relations p ON p.event_id = c.relates_to_id"
+            f" WHERE c.event_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            if rel_type == THREAD:
+                found[str(event_id)] = str(parent)
+            elif parent_type == THREAD:
+                found[str(event_id)] = str(parent_parent)
+    return found
+
+
+def receipt_thread_txn(txn: Transaction, room_id: str, event_id: str) -> str:
+    """The thread a receipt on ``event_id`` may name (Synapse's
+    ``get_thread_id_for_receipts``): walking up its relations (at most
+    :data:`MAX_RECURSION_DEPTH` levels), the first event that is in a thread (an
+    ``m.thread`` relation: that thread) or is a thread root (that event); else
+    :data:`MAIN_TIMELINE`. So a receipt for thread T may be on T, its replies, and what
+    relates to them; a reaction to the root is in T's receipts too."""
+    current = event_id
+    for _ in range(MAX_RECURSION_DEPTH + 1):
+        if txn.query_one(
+            "SELECT 1 FROM threads WHERE room_id = ? AND thread_id = ?", (room_id, current)
+        ):
+            return current
+        row = txn.query_one(
+            "SELECT relation_type, relates_to_id FROM event_relations WHERE event_id = ?",
+            (current,),
+        )
+        if row is None:
+            break
+        if row[0] == THREAD:
+            return str(row[1])
+        current = str(row[1])
+    return MAIN_TIMELINE

@@ -205,8 +205,17 @@ class RoomsSection(SyncSection):
         )
         for room_id, summary in summaries.items():
             join[room_id]["summary"] = summary
-        for room_id, counts in (await self.unread.counts(ctx.user_id, list(join))).items():
-            join[room_id]["unread_notifications"] = counts
+        if ctx.filter.timeline.unread_thread_notifications:
+            # As Synapse: the room's counts are its main timeline's, and each thread with
+            # unread notifications has its own (none: the key is left out).
+            threaded = await self.unread.threaded_counts(ctx.user_id, list(join))
+            for room_id, split in threaded.items():
+                join[room_id]["unread_notifications"] = split.main
+                if split.threads:
+                    join[room_id]["unread_thread_notifications"] = split.threads
+        else:
+            for room_id, counts in (await self.unread.counts(ctx.user_id, list(join))).items():
+                join[room_id]["unread_notifications"] = counts
         rooms = ctx.body["rooms"]
         if rooms["join"] or rooms["invite"] or rooms["leave"]:
             ctx.has_news = True
