@@ -12,6 +12,11 @@ Once without end-to-end encryption (olm left out of the page), once with it as H
 ships (olm loaded: device and one-time keys uploaded at login, the room created encrypted,
 Megolm keys shared over to-device messages). The server must then only ever hold ciphertext.
 
+Images (``test_hydrogen_image_*``): one user sends a picture through the composer's
+attachment menu, and the other user's page renders it (a loaded ``<img>`` at the picture's
+natural size): through the authenticated thumbnail endpoint, or, encrypted, downloaded and
+decrypted by Hydrogen; the server holds the PNG, or ciphertext only.
+
 On failure, a screenshot of every user's page is saved under ``test-artifacts/web/`` and
 named in the failure. Every wait is a Playwright auto-waiting locator, ``expect``,
 ``wait_for_function`` or a long-polling ``/sync``; never a sleep.
@@ -19,6 +24,7 @@ named in the failure. Every wait is a Playwright auto-waiting locator, ``expect`
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,6 +36,7 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 import pytest_asyncio
+from PIL import Image
 from playwright.async_api import Browser, BrowserContext, Locator, Page, expect
 
 from tests.support.homeserver import RunningServer
@@ -129,6 +136,17 @@ class WebRig:
         page = await self.api(user, f"/rooms/{self.room_id}/messages?dir=b&limit=100")
         kinds = ("m.room.message", "m.room.encrypted")
         return [event for event in reversed(page["chunk"]) if event["type"] in kinds]
+
+    async def download(self, user: WebUser, uri: str) -> bytes:
+        """An ``mxc://`` URI's bytes through the authenticated media endpoint."""
+        server_name, media_id = uri.removeprefix("mxc://").split("/", 1)
+        path = f"/_matrix/client/v1/media/download/{server_name}/{media_id}"
+        async with aiohttp.ClientSession() as session:
+            headers = {"Authorization": f"Bearer {user.access_token}"}
+            async with session.get(self.server.url + path, headers=headers) as resp:
+                body = await resp.read()
+                assert resp.status == 200, (path, body[:200])
+                return body
 
     async def api(self, user: WebUser, path: str, method: str = "GET", body: Any = None) -> Any:
         async with aiohttp.ClientSession() as session:
@@ -336,3 +354,115 @@ async def test_hydrogen_chat_encrypted(rig: WebRig) -> None:
     /keys/claim, to-device messages, device lists in /sync)."""
     async with rig.screenshots_on_failure():
         await chat_scenario(rig, encryption=True)
+
+
+# -- an image, sent through Hydrogen's attachment menu -----------------------------------
+
+#: Below Hydrogen's 400x300 tile (shown at its own size, so the thumbnail Hydrogen asks for
+#: is the image's size) and its 600 px threshold for uploading a thumbnail of its own.
+IMAGE_SIZE = (120, 80)
+
+
+def picture_png() -> bytes:
+    """A PNG whose pixels are not uniform (a broken decode or a wrong thumbnail would not
+    keep its size)."""
+    image = Image.new("RGB", IMAGE_SIZE, (200, 30, 30))
+    for x in range(0, IMAGE_SIZE[0], 2):
+        for y in range(0, IMAGE_SIZE[1], 3):
+            image.putpixel((x, y), (x * 2 % 256, y * 3 % 256, 90))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+async def send_picture(user: WebUser, name: str, data: bytes) -> str:
+    """The composer's attachment button, "Send picture", and the file chooser it opens;
+    returns the ``mxc://`` URI the upload (``POST .../media/.../upload``) answered."""
+    page = user.page
+    async with page.expect_file_chooser() as chooser:
+        await page.locator(".MessageComposer button.sendFile").click()
+        await page.locator(".menu-item").get_by_text("Send picture", exact=True).click()
+    uploaded = "/upload"
+    async with page.expect_response(
+        lambda r: r.request.method == "POST" and uploaded in r.url
+    ) as upload:
+        await (await chooser.value).set_files(
+            files=[{"name": name, "mimeType": "image/png", "buffer": data}]
+        )
+    response = await upload.value
+    assert response.status == 200, await response.text()
+    uri: str = (await response.json())["content_uri"]
+    return uri
+
+
+async def rendered_image(page: Page, name: str) -> dict[str, Any]:
+    """Waits until the timeline shows the image tile ``name`` with its picture loaded (an
+    <img> that finished loading with a non-zero natural size); returns its src and size."""
+    handle = await page.wait_for_function(
+        """name => {
+            const img = [...document.querySelectorAll(".Timeline_message img")]
+                .find(img => img.getAttribute("alt") === name);
+            if (!img || !img.src || !img.complete || img.naturalWidth === 0) { return null; }
+            return {src: img.src, width: img.naturalWidth, height: img.naturalHeight};
+        }""",
+        arg=name,
+        polling=100,
+        timeout=STEP_TIMEOUT_MS,
+    )
+    result: dict[str, Any] = await handle.json_value()
+    return result
+
+
+async def image_scenario(rig: WebRig, *, encryption: bool) -> None:
+    rig.encryption = encryption
+    alice = await rig.user("alice")
+    bob = await rig.user("bob")
+    await log_in(alice, rig.server.url)
+    await log_in(bob, rig.server.url)
+    await create_room(alice, ROOM_NAME, encrypted=encryption)
+    await send(alice, f"/invite {bob.user_id}")
+    await open_invite_and_accept(bob, ROOM_NAME)
+    rig.room_id = (await rig.api(alice, "/joined_rooms"))["joined_rooms"][0]
+
+    data = picture_png()
+    uri = await send_picture(alice, "picture.png", data)
+    shown = await rendered_image(bob.page, "picture.png")
+    assert (shown["width"], shown["height"]) == IMAGE_SIZE, shown
+    if encryption:
+        # Hydrogen downloads the ciphertext and shows the decrypted blob.
+        assert shown["src"].startswith("blob:"), shown
+    else:
+        # The thumbnail Hydrogen asks for, through the authenticated media endpoint (its
+        # service worker adds the access token).
+        prefix = f"{rig.server.url}/_matrix/client/v1/media/thumbnail/{rig.server.server_name}/"
+        assert shown["src"].startswith(prefix), shown
+
+    # What the server holds: the file Hydrogen uploaded, byte for byte (plaintext), or
+    # only ciphertext (the event's content is encrypted too).
+    events = await rig.room_messages(bob)
+    assert len(events) == 2, events  # "/invite ..." and the picture
+    picture = events[-1]
+    if encryption:
+        assert picture["type"] == "m.room.encrypted"
+        assert "picture.png" not in str(picture) and uri not in str(picture)
+        media = await rig.download(bob, uri)
+        assert media != data and len(media) == len(data)  # AES-CTR: same length
+    else:
+        content = picture["content"]
+        assert content["msgtype"] == "m.image" and content["body"] == "picture.png"
+        assert content["url"] == uri
+        assert (content["info"]["w"], content["info"]["h"]) == IMAGE_SIZE
+        assert content["info"]["mimetype"] == "image/png"
+        assert await rig.download(bob, uri) == data
+
+
+async def test_hydrogen_image_unencrypted(rig: WebRig) -> None:
+    async with rig.screenshots_on_failure():
+        await image_scenario(rig, encryption=False)
+
+
+async def test_hydrogen_image_encrypted(rig: WebRig) -> None:
+    """Hydrogen encrypts the file (an ``m.room.encrypted`` event whose ``file`` holds the
+    key), uploads the ciphertext, and the other page downloads and decrypts it."""
+    async with rig.screenshots_on_failure():
+        await image_scenario(rig, encryption=True)

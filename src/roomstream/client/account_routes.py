@@ -19,8 +19,12 @@ from roomstream.events.room_versions import DEFAULT_ROOM_VERSION, KNOWN_ROOM_VER
 __all__ = ["SUPPORTED_VERSIONS", "account_routes"]
 
 #: Spec versions whose endpoints roomstream serves, bar the parts docs/client_api.md lists
-#: as deliberately absent (federation, media).
-SUPPORTED_VERSIONS = ["r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6"]
+#: as deliberately absent (federation). "v1.11" stands for authenticated media (that
+#: version's change, served by media_routes.py): clients such as Hydrogen switch to the
+#: /_matrix/client/v1/media endpoints only when /versions lists exactly "v1.11", and the
+#: legacy endpoints they use otherwise are frozen (enable_authenticated_media), so without
+#: it their images do not load. v1.7 to v1.10 are not claimed here.
+SUPPORTED_VERSIONS = ["r0.6.1", "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6", "v1.11"]
 
 
 def _login_body(result: LoginResult, server_name: str) -> dict[str, Any]:
@@ -39,7 +43,11 @@ def account_routes(accounts: Accounts) -> list[Route]:
             {
                 "versions": SUPPORTED_VERSIONS,
                 # Simplified sliding sync (MSC4186), served by client/sliding_sync.py.
-                "unstable_features": {"org.matrix.simplified_msc3575": True},
+                # Authenticated media (MSC3916), the flag Synapse sets for it.
+                "unstable_features": {
+                    "org.matrix.simplified_msc3575": True,
+                    "org.matrix.msc3916.stable": True,
+                },
             }
         )
 

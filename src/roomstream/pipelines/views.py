@@ -1,4 +1,5 @@
-"""Derived views over the events stream: room statistics, user statistics, user directory.
+"""Derived views over the events stream (room statistics, user statistics, user directory)
+and, from the ``media`` table, media statistics.
 
 Two ways to the same tables (``0002_pipelines.sql``):
 
@@ -23,13 +24,18 @@ Definitions (both paths; a test checks they agree):
   from the event *content*, through a :class:`ContentLookup`;
 - a user is in the directory iff joined to some room that is public (join rule
   ``public``) or has at least two joined members; their display name is the one of their
-  joined membership with the highest stream id.
+  joined membership with the highest stream id;
+- ``view_media_stats``: per uploader and UTC day of ``upload_ts``, the completed uploads,
+  their bytes and their media types. Uploads are on no stream, so this view is a batch
+  derivation from ``media`` (see :func:`refresh_media_stats_txn`), refreshed in every
+  micro-batch's transaction and recomputed whole by a rebuild.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +79,7 @@ VIEW_TABLES = (
     "view_room_daily_messages",
     "view_user_stats",
     "view_user_directory",
+    "view_media_stats",
 )
 
 
@@ -147,6 +154,83 @@ def _join_rule(content: dict[str, Any] | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# -- media statistics: a batch derivation from the media table -------------------------
+
+#: (user, day) -> (uploads, bytes, {media type: uploads})
+MediaStats = dict[tuple[str, str], tuple[int, int, dict[str, int]]]
+
+#: After a sink's first refresh (every day), each refresh recomputes the days from the day
+#: of (the previous refresh's start - this margin). ``upload_ts`` is the uploading
+#: process's clock when it wrote the row, so a row can commit after a refresh read
+#: ``media`` with an ``upload_ts`` before that refresh started; the margin bounds how late
+#: (commit latency plus clock skew between processes) such a row may be and still be
+#: counted by the next refresh. Later than that, it is counted by the next rebuild or the
+#: next start of the views job.
+MEDIA_STATS_MARGIN_MS = 3_600_000
+
+
+def media_type_key(media_type: str | None) -> str:
+    """The type an upload is counted under: the MIME type without parameters, lower case
+    (``image/PNG; x=y`` -> ``image/png``); none given: ``application/octet-stream``, the
+    type the media repository serves such content as."""
+    bare = (media_type or "").split(";", 1)[0].strip().lower()
+    return bare or "application/octet-stream"
+
+
+def compute_media_stats_txn(txn: Transaction, since_day: int | None = None) -> MediaStats:
+    """``view_media_stats``'s rows from ``media``: completed uploads (``upload_ts`` set)
+    grouped by uploader and UTC day of ``upload_ts``; only days ``>= since_day`` (a day
+    number) if given. One GROUP BY in the database (the table is indexed by upload time);
+    media types are merged after :func:`media_type_key` here."""
+    sql = (
+        f"SELECT user_id, upload_ts / {DAY_MS}, media_type, COUNT(*),"
+        " COALESCE(SUM(media_length), 0) FROM media WHERE upload_ts IS NOT NULL"
+    )
+    params: list[int] = []
+    if since_day is not None:
+        sql += " AND upload_ts >= ?"
+        params.append(since_day * DAY_MS)
+    sql += " GROUP BY 1, 2, 3"
+    uploads: dict[tuple[str, str], int] = defaultdict(int)
+    size: dict[tuple[str, str], int] = defaultdict(int)
+    types: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for user_id, day, media_type, count, total in txn.query(sql, params):
+        key = (str(user_id), day_of(int(day)))
+        uploads[key] += int(count)
+        size[key] += int(total)
+        types[key][media_type_key(media_type)] += int(count)
+    return {k: (uploads[k], size[k], dict(sorted(types[k].items()))) for k in uploads}
+
+
+def _insert_media_stats_txn(txn: Transaction, stats: MediaStats) -> None:
+    txn.executemany(
+        "INSERT INTO view_media_stats (user_id, day, uploads, bytes, content_types)"
+        " VALUES (?, ?, ?, ?, ?)",
+        [(*k, n, b, json.dumps(t, sort_keys=True)) for k, (n, b, t) in sorted(stats.items())],
+    )
+
+
+def refresh_media_stats_txn(txn: Transaction, since_day: int | None = None) -> int:
+    """Replace ``view_media_stats``'s rows for the days ``>= since_day`` (every day if
+    None) with what ``media`` holds now; returns the rows written. Idempotent: running it
+    again, or replaying the batch it ran in, changes nothing unless ``media`` changed.
+    Invariant: afterwards those days' rows equal :func:`compute_media_stats_txn` over the
+    transaction's view of ``media``."""
+    stats = compute_media_stats_txn(txn, since_day)
+    if since_day is None:
+        txn.execute("DELETE FROM view_media_stats")
+    else:
+        # ISO dates (4-digit years) compare as text in date order.
+        txn.execute("DELETE FROM view_media_stats WHERE day >= ?", (day_of(since_day),))
+    _insert_media_stats_txn(txn, stats)
+    return len(stats)
+
+
+def day_number(ts_ms: int) -> int:
+    """The UTC day number (days since the Unix epoch) of a timestamp in milliseconds."""
+    return ts_ms // DAY_MS
+
+
 # -- snapshots -------------------------------------------------------------------------
 
 
@@ -162,6 +246,8 @@ class ViewSnapshot:
     #: user -> (rooms_joined, events_sent)
     user_stats: dict[str, tuple[int, int]] = field(default_factory=dict)
     directory: dict[str, str | None] = field(default_factory=dict)
+    #: (user, day) -> (uploads, bytes, {media type: uploads})
+    media_stats: MediaStats = field(default_factory=dict)
 
 
 def read_snapshot_txn(txn: Transaction) -> ViewSnapshot:
@@ -182,6 +268,8 @@ def read_snapshot_txn(txn: Transaction) -> ViewSnapshot:
         snap.user_stats[r[0]] = (int(r[1]), int(r[2]))
     for r in txn.query("SELECT user_id, display_name FROM view_user_directory"):
         snap.directory[r[0]] = r[1]
+    for r in txn.query("SELECT user_id, day, uploads, bytes, content_types FROM view_media_stats"):
+        snap.media_stats[(r[0], r[1])] = (int(r[2]), int(r[3]), json.loads(r[4]))
     return snap
 
 
@@ -225,6 +313,7 @@ def write_snapshot_txn(txn: Transaction, snap: ViewSnapshot) -> int:
         "INSERT INTO view_user_directory (user_id, display_name) VALUES (?, ?)",
         list(snap.directory.items()),
     )
+    _insert_media_stats_txn(txn, snap.media_stats)
     return sum(
         len(x)
         for x in (
@@ -233,6 +322,7 @@ def write_snapshot_txn(txn: Transaction, snap: ViewSnapshot) -> int:
             snap.daily_messages,
             snap.user_stats,
             snap.directory,
+            snap.media_stats,
         )
     )
 
@@ -262,6 +352,10 @@ def export_parquet(spark: SparkSession, snap: ViewSnapshot, path: str) -> None:
         "view_user_directory": (
             "user_id string, display_name string",
             list(snap.directory.items()),
+        ),
+        "view_media_stats": (
+            "user_id string, day string, uploads long, bytes long, content_types map<string, long>",
+            [(*k, *v) for k, v in snap.media_stats.items()],
         ),
     }
     for table, (schema, rows) in tables.items():
@@ -579,25 +673,54 @@ class ViewsSink(DatabaseSink[ViewBatch]):
         parquet_path: str | None = None,
         parquet_every: int = 1,
         after_commit: Callable[[int], None] | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         self.lookup: ContentLookup = lookup or EventJsonContentLookup()
         self.parquet_path = parquet_path
         self.parquet_every = max(1, parquet_every)
         self._user_after_commit = after_commit
-        super().__init__(
-            config,
-            sink_name,
-            prepare_batch,
-            lambda txn, batch: apply_batch_txn(txn, batch, self.lookup),
-            self._committed,
-        )
+        #: Milliseconds since the epoch (tests pass a fixed clock).
+        self._clock = clock or (lambda: int(time.time() * 1000))
+        #: When the last committed media refresh started (None: none yet, the next one
+        #: recomputes every day: the job may have been down while uploads went on).
+        self.media_refreshed_ms: int | None = None
+        self._media_pending: int | None = None
+        super().__init__(config, sink_name, prepare_batch, self._apply_views, self._committed)
         self._spark: SparkSession | None = None
+
+    def media_since_day(self) -> int | None:
+        """The first day the next media refresh recomputes (None: every day)."""
+        if self.media_refreshed_ms is None:
+            return None
+        return day_number(self.media_refreshed_ms - MEDIA_STATS_MARGIN_MS)
+
+    def _apply_views(self, txn: Transaction, batch: ViewBatch) -> int:
+        written = apply_batch_txn(txn, batch, self.lookup)
+        # Read before ``media`` is: a row committed after the read has an upload_ts from
+        # about now or later, within the next refresh's days (MEDIA_STATS_MARGIN_MS).
+        started = self._clock()
+        written += refresh_media_stats_txn(txn, self.media_since_day())
+        self._media_pending = started
+        return written
+
+    def refresh_media_stats(self) -> int:
+        """Refresh ``view_media_stats`` outside a micro-batch (its own transaction), as a
+        batch does; ``run_views(once=True)`` ends with it, so a run with no new events
+        still counts the uploads."""
+        started = self._clock()
+        written = self.database.run_interaction_blocking(
+            "refresh_media_stats", refresh_media_stats_txn, self.media_since_day()
+        )
+        self.media_refreshed_ms = started
+        return written
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         self._spark = df.sparkSession
         super().__call__(df, batch_id)
 
     def _committed(self, batch_id: int) -> None:
+        if self._media_pending is not None:  # this call applied the batch (not a replay)
+            self.media_refreshed_ms, self._media_pending = self._media_pending, None
         if self.parquet_path and self._spark is not None and batch_id % self.parquet_every == 0:
             snap = self.database.run_interaction_blocking("read_snapshot", read_snapshot_txn)
             export_parquet(self._spark, snap, self.parquet_path)
@@ -686,6 +809,8 @@ def run_views(
     )
     try:
         query.awaitTermination()
+        if once:
+            sink.refresh_media_stats()
     finally:
         query.stop()
         sink.close()
@@ -796,6 +921,11 @@ def compute_views(
             db.run_interaction_blocking("get_contents", lookup.get_contents, wanted)
             if wanted
             else {}
+        )
+        # Media statistics come from the media table as it is now (uploads have no
+        # stream position to cut them at the events offset).
+        snap.media_stats = db.run_interaction_blocking(
+            "compute_media_stats", compute_media_stats_txn
         )
     finally:
         db.close_blocking()

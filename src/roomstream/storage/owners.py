@@ -97,6 +97,7 @@ TABLE_OWNERS: Mapping[str, str] = {
     "view_room_daily_messages": _VIEWS,
     "view_user_stats": _VIEWS,
     "view_user_directory": _VIEWS,
+    "view_media_stats": _VIEWS,
     "pipeline_batches": "roomstream.pipelines.sinks",
 }
 
