@@ -287,7 +287,8 @@ def _downgrade_txn(txn: Transaction, below: int) -> None:
                     name = words[words.index("INDEX") + 1]
                     txn.execute(f"DROP INDEX IF EXISTS {name}")
                 else:
-                    assert words[0] == "INSERT", statement
+                    # Rows a migration lists or drops: nothing to undo.
+                    assert words[0] in ("INSERT", "DELETE"), statement
         txn.execute("DELETE FROM schema_version WHERE version = ?", (migration.version,))
 
 
