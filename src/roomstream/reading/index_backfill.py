@@ -114,14 +114,8 @@ class IndexBackfill:
     async def rebuild_room(self, room_id: str) -> tuple[int, int]:
         """Index ``room_id``'s events from where the list says it got to (all of them if
         the room is not listed) and take it off the list; returns (candidate events
-        read, transactions)."""
-        row = await self.db.run_interaction(
-            "index_room_start",
-            lambda t: t.query_one(
-                "SELECT done_through FROM index_backfill_rooms WHERE room_id = ?", (room_id,)
-            ),
-        )
-        after = _START if row is None or row[0] is None else int(row[0])
+        read, transactions). A small room is one transaction."""
+        after: int | None = None
         events = batches = 0
         while True:
             count, after = await self.db.run_interaction(
@@ -129,35 +123,39 @@ class IndexBackfill:
             )
             events, batches = events + count, batches + 1
             if count < self.batch_size:
-                break
-        await self.db.run_interaction(
-            "index_room_done",
-            lambda t: t.execute("DELETE FROM index_backfill_rooms WHERE room_id = ?", (room_id,)),
-        )
-        return events, batches + 1
+                return events, batches
 
-    def _batch_txn(self, txn: Transaction, room_id: str, after: int) -> tuple[int, int]:
-        """Index the room's next candidates after the stream ordering ``after`` and
-        record how far it got; returns how many were read (fewer than ``batch_size``:
-        the room is done) and the last one's stream ordering."""
+    def _batch_txn(self, txn: Transaction, room_id: str, after: int | None) -> tuple[int, int]:
+        """Index the room's next candidates after the stream ordering ``after`` (None:
+        where the list says) and record how far it got, or take the room off the list if
+        these were its last; returns how many were read (fewer than ``batch_size``: the
+        room is done) and the last one's stream ordering."""
+        if after is None:
+            row = txn.query_one(
+                "SELECT done_through FROM index_backfill_rooms WHERE room_id = ?", (room_id,)
+            )
+            after = _START if row is None or row[0] is None else int(row[0])
         rows = txn.query(_CANDIDATES_SQL, (room_id, after, *_SEARCHABLE, self.batch_size))
-        if not rows:
-            return 0, after
-        loaded = load_events_txn(txn, [str(r[0]) for r in rows])
-        items = [
-            TimelineInput(loaded[str(event_id)], int(ordering), str(instance), True, None, None)
-            for event_id, ordering, instance in rows
-            if str(event_id) in loaded
-        ]
-        for participant in self._participants:
-            participant.record_txn(txn, room_id, items)
-        through = int(rows[-1][1])
-        # In this batch's commit: a stopped rebuild resumes after it (no-op if unlisted).
-        txn.execute(
-            "UPDATE index_backfill_rooms SET done_through = ? WHERE room_id = ?",
-            (through, room_id),
-        )
-        return len(rows), through
+        if rows:
+            loaded = load_events_txn(txn, [str(r[0]) for r in rows])
+            items = [
+                TimelineInput(loaded[str(e)], int(ordering), str(instance), True, None, None)
+                for e, ordering, instance in rows
+                if str(e) in loaded
+            ]
+            for participant in self._participants:
+                participant.record_txn(txn, room_id, items)
+            after = int(rows[-1][1])
+        # In this batch's commit (no-op if unlisted): a stopped rebuild resumes after it,
+        # and a room leaves the list exactly when its last events are indexed.
+        if len(rows) < self.batch_size:
+            txn.execute("DELETE FROM index_backfill_rooms WHERE room_id = ?", (room_id,))
+        else:
+            txn.execute(
+                "UPDATE index_backfill_rooms SET done_through = ? WHERE room_id = ?",
+                (after, room_id),
+            )
+        return len(rows), after
 
 
 def list_rooms_txn(txn: Transaction, room_ids: Sequence[str]) -> None:
