@@ -22,9 +22,11 @@ Command = Callable[[Config, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 async def cmd_migrate(config: Config, args: argparse.Namespace) -> int:
-    """Apply the migrations, then rebuild the visibility records they listed (rooms
-    persisted before schema 5), so that the server starts with every room complete."""
+    """Apply the migrations, then rebuild the visibility records and the relations and
+    search indexes they listed (rooms persisted before schema 5, 16 and 17, or loaded by
+    the bulk import), so that the server starts with every room complete."""
     from roomstream.reading.backfill import VisibilityBackfill
+    from roomstream.reading.index_backfill import IndexBackfill
 
     db = connect(config.database)
     try:
@@ -33,6 +35,11 @@ async def cmd_migrate(config: Config, args: argparse.Namespace) -> int:
         done = await VisibilityBackfill(db).run_pending()
         if done.rooms:
             console.print(f"visibility records rebuilt: {done.rooms} rooms, {done.events} events")
+        indexed = await IndexBackfill(db).run_pending()
+        if indexed.rooms:
+            console.print(
+                f"relations and search indexed: {indexed.rooms} rooms, {indexed.events} events"
+            )
     finally:
         await db.close()
     return 0

@@ -27,6 +27,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from rich.console import Console
@@ -39,6 +40,9 @@ from roomstream.listener import HttpListener
 from roomstream.lru import configure_sizes
 from roomstream.reading import read_side_participants
 from roomstream.reading.backfill import run_pending_in_background
+from roomstream.reading.index_backfill import (
+    run_pending_in_background as index_pending_in_background,
+)
 from roomstream.replication.http import MAX_BODY, InternalHttpServer
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.worker import READY_WAIT, ReplicationNode, start_listener
@@ -52,7 +56,9 @@ logger = logging.getLogger(__name__)
 def _log_rebuild_failure(task: asyncio.Task[object]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.error(
-            "rebuilding visibility records failed (run `roomstream rebuild-visibility`)",
+            "background rebuild %s failed (it carries on at the next start, or run"
+            " `roomstream migrate`)",
+            task.get_name(),
             exc_info=task.exception(),
         )
 
@@ -60,8 +66,9 @@ def _log_rebuild_failure(task: asyncio.Task[object]) -> None:
 async def open_room_engine(config: Config) -> RoomEngine:
     """The configured room engine, wired to the read side.
 
-    Events it persists get their visibility records in the same transaction, and rooms
-    persisted before those records existed are rebuilt in the background, in bounded
+    Events it persists get their visibility records and relations and search index rows
+    in the same transaction, and rooms persisted before those records existed (or loaded
+    by the bulk import, for the search index) are rebuilt in the background, in bounded
     transactions, while the process serves (``engine.background``; cancelled by
     ``engine.close()``, and carried on at the next start).
 
@@ -71,13 +78,17 @@ async def open_room_engine(config: Config) -> RoomEngine:
     configure_sizes(config.caches.sizes)
     engine = await RoomEngine.open(config, participants=read_side_participants())
     try:
-        rebuild = await run_pending_in_background(engine.db)
+        rebuilds: list[asyncio.Task[Any] | None] = [
+            await run_pending_in_background(engine.db),
+            await index_pending_in_background(engine.db),
+        ]
     except BaseException:
         await engine.close()
         raise
-    if rebuild is not None:
-        rebuild.add_done_callback(_log_rebuild_failure)
-        engine.background.append(rebuild)
+    for rebuild in rebuilds:
+        if rebuild is not None:
+            rebuild.add_done_callback(_log_rebuild_failure)
+            engine.background.append(rebuild)
     return engine
 
 

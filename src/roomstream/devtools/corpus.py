@@ -441,7 +441,13 @@ class _RoomBuilder:
     def _message(self, model: _Model | None = None) -> None:
         model = model or self.model
         sender = self.rng.choice(model.joined())
-        event = self._send(model, EventTypes.MESSAGE, sender, self._body())
+        content = self._body()
+        if len(self.messages) % 5 == 4:
+            # A thread reply to the message before, so imports carry relations. Decided
+            # without drawing from the generator: the corpus keeps its shape.
+            parent = self.messages[-1].event_id
+            content["m.relates_to"] = {"rel_type": "m.thread", "event_id": parent}
+        event = self._send(model, EventTypes.MESSAGE, sender, content)
         self.messages.append(event)
 
     def _join(self, model: _Model | None = None) -> None:

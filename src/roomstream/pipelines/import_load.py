@@ -160,6 +160,9 @@ TABLES: tuple[TableCopy, ...] = (
         ("room_id", "thread_id", "latest_event_id", "topological_ordering", "stream_ordering"),
         (("stream_ordering", SO),),
     ),
+    # The part's rooms, for the search index's rebuild (roomstream.reading.index_backfill):
+    # loaded with them, so a crash after the load leaves them listed for the next start.
+    TableCopy("index_backfill_rooms", ("room_id",)),
 )
 
 
@@ -168,8 +171,8 @@ NOT_COPIED = frozenset(
     {"stream_positions", "roomstream_sequences", "schema_version", "sqlite_sequence"}
     # SQLite's FTS5 keeps its own bookkeeping rows (configuration, structure) in these
     # shadow tables of the search index from its creation on. The import's persister
-    # runs no participants, so the index itself (``event_search``) stays empty and is
-    # checked like any table.
+    # runs no search indexer (the rebuild indexes the loaded rooms), so the index itself
+    # (``event_search``) stays empty and is checked like any table.
     | {f"event_search_{s}" for s in ("data", "idx", "content", "docsize", "config")}
 )
 

@@ -50,6 +50,9 @@ from roomstream.events.room_versions import (
 )
 from roomstream.events.signing import VerifyKeys, check_event_signatures
 from roomstream.events.types import EventTypes
+from roomstream.reading.index_backfill import list_rooms_txn
+from roomstream.reading.relations import RelationsRecorder
+from roomstream.reading.visibility import VisibilityRecorder
 from roomstream.rooms.keys import KeyMap, verify_keys_of
 from roomstream.rooms.persist import EventPersister, PersistedEvent, topological_order
 from roomstream.rooms.store import EventStore
@@ -540,8 +543,16 @@ async def persist_rooms(
         await prepare_database(db)
         writers = {name: (settings.instance_name,) for name in STREAMS}
         streams = await StreamSet.open(db, settings.instance_name, writers)
+        # The read side's records, written as online (the loader copies them): visibility
+        # and relations. Not the search index: the loader cannot copy an FTS5 table into
+        # PostgreSQL's tsvector, so the part lists its rooms for the index rebuild
+        # (roomstream.reading.index_backfill), which the import runs after the load.
         persister = EventPersister(
-            EventStore(db), streams, settings.instance_name, server_name=settings.server_name
+            EventStore(db),
+            streams,
+            settings.instance_name,
+            server_name=settings.server_name,
+            participants=(VisibilityRecorder(), RelationsRecorder()),
         )
         # Several rooms in flight: the persister's group commit then writes many rooms'
         # events per transaction (small rooms otherwise cost a commit each). The order
@@ -562,6 +573,9 @@ async def persist_rooms(
             progress.update()
 
         await asyncio.gather(*(one_room(room_id) for room_id in sorted(rooms)))
+        await db.run_interaction(
+            "import_list_rooms", list_rooms_txn, sorted(r for r in rooms if r != NO_ROOM)
+        )
         (
             result.rooms,
             result.events,

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -84,6 +85,8 @@ from roomstream.pipelines.import_task import (
     split_offsets,
     split_stats,
 )
+from roomstream.reading import read_side_participants
+from roomstream.reading.index_backfill import IndexBackfill
 from roomstream.rooms.keys import KeyMap, ServerKeyStore, load_keys_file, merge_key_maps
 from roomstream.rooms.persist import EventPersister, PersistedEvent
 from roomstream.rooms.store import EventStore
@@ -99,6 +102,9 @@ __all__ = [
     "import_cli",
     "import_events",
 ]
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -137,6 +143,8 @@ class ImportReport:
     load_seconds: float = 0.0
     #: Adding events to rooms the target already had (online path, on the driver).
     existing_seconds: float = 0.0
+    #: Indexing the loaded rooms' searchable text (``roomstream.reading.index_backfill``).
+    index_seconds: float = 0.0
     #: Starting Spark, when the import started it (``import_cli`` always does).
     spark_start_seconds: float = 0.0
     #: ``import_events`` from start to end (Spark phase + load + existing rooms).
@@ -387,8 +395,13 @@ async def _add_to_existing(
         await prepare_database(db)
         streams = await StreamSet.open(db, settings.instance_name, stream_writers)
         store = EventStore(db)
+        # The target's own rooms: persisted as online, every read-side record included.
         persister = EventPersister(
-            store, streams, settings.instance_name, server_name=settings.server_name
+            store,
+            streams,
+            settings.instance_name,
+            server_name=settings.server_name,
+            participants=read_side_participants(),
         )
         room_ids = sorted(rooms)
         outliers_before = await db.run_interaction("import_outliers", _outliers_txn, room_ids)
@@ -422,6 +435,20 @@ async def _add_to_existing(
     report.outliers += new_outliers
     report.ex_outliers = outliers_before + new_outliers - outliers_after
     report.rooms += len(rooms)
+
+
+async def _index_loaded_rooms(target: DatabaseConfig) -> None:
+    """Index the loaded rooms' searchable text (the load listed them): the import returns
+    with every event searchable. Stopped midway, the rooms stay listed and the target's
+    next start-up (or ``roomstream migrate``) finishes them."""
+    db = connect(target)
+    try:
+        await IndexBackfill(db).run_pending()
+    except Exception:
+        # The import itself is committed: this is no reason to report it failed.
+        logger.exception("indexing the imported rooms failed; the next start-up does it")
+    finally:
+        await db.close()
 
 
 def _reserve_ids_txn(txn: Transaction, groups: int, branches: int) -> tuple[list[int], list[int]]:
@@ -634,6 +661,9 @@ def import_events(
                     f" again completes it (stored events are skipped)"
                 ) from exc
             report.existing_seconds = time.perf_counter() - existing_started
+            index_started = time.perf_counter()
+            asyncio.run(_index_loaded_rooms(target))
+            report.index_seconds = time.perf_counter() - index_started
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report.issues.sort(key=lambda i: i.line)
@@ -725,6 +755,7 @@ def import_cli(
         f" ({report.wall_events_per_second:,.0f} events/s) = Spark start"
         f" {report.spark_start_seconds:.1f} s + Spark phase {report.spark_seconds:.1f} s"
         f" + load {report.load_seconds:.1f} s + existing rooms {report.existing_seconds:.1f} s"
+        f" + search index {report.index_seconds:.1f} s"
     )
     console.print(
         f"rejected {report.rejected:,}, soft-failed {report.soft_failed:,},"

@@ -96,8 +96,10 @@ class SearchEngine(Protocol):
     ``keys``, ordered as asked, before ``before`` (a stream ordering) if given, at most
     ``limit``."""
 
-    def insert_txn(self, txn: Transaction, rows: Sequence[tuple[str, str, str, str]]) -> None:
-        """Index ``(event_id, room_id, key, value)`` rows."""
+    def insert_txn(self, txn: Transaction, rows: Sequence[tuple[str, str, str, str, int]]) -> None:
+        """Index ``(event_id, room_id, key, value, stream_ordering)`` rows; a row for an
+        event that has one already is skipped (so indexing is idempotent: the rebuild,
+        ``roomstream.reading.index_backfill``, may meet events the persister indexed)."""
         ...
 
     def match_sql(
@@ -132,11 +134,25 @@ def _order(order: str) -> str:
 
 class SqliteSearch:
     """FTS5: each word a quoted prefix query, AND-ed; rank is ``-bm25`` (bm25 is lower
-    for better matches)."""
+    for better matches). A row's ``rowid`` is its event's stream ordering (unique, as
+    ``events``' key): FTS5 has no unique constraint, and the rowid is the one column it
+    can look up without a scan, so this is how an event's row is found."""
 
-    def insert_txn(self, txn: Transaction, rows: Sequence[tuple[str, str, str, str]]) -> None:
+    def insert_txn(self, txn: Transaction, rows: Sequence[tuple[str, str, str, str, int]]) -> None:
+        present: set[int] = set()
+        orderings = [r[4] for r in rows]
+        for start in range(0, len(orderings), 500):
+            chunk = orderings[start : start + 500]
+            present.update(
+                int(r[0])
+                for r in txn.query(
+                    f"SELECT rowid FROM event_search WHERE rowid IN ({_marks(len(chunk))})", chunk
+                )
+            )
         txn.executemany(
-            "INSERT INTO event_search (event_id, room_id, key, value) VALUES (?, ?, ?, ?)", rows
+            "INSERT INTO event_search (rowid, event_id, room_id, key, value)"
+            " VALUES (?, ?, ?, ?, ?)",
+            [(r[4], r[0], r[1], r[2], r[3]) for r in rows if r[4] not in present],
         )
 
     def match_sql(
@@ -162,11 +178,11 @@ class PostgresSearch:
     """``to_tsvector('english', value)`` in a GIN-indexed column; each word a prefix
     (``word:*``), AND-ed; rank is ``ts_rank_cd``."""
 
-    def insert_txn(self, txn: Transaction, rows: Sequence[tuple[str, str, str, str]]) -> None:
+    def insert_txn(self, txn: Transaction, rows: Sequence[tuple[str, str, str, str, int]]) -> None:
         txn.executemany(
             "INSERT INTO event_search (event_id, room_id, key, vector)"
             " VALUES (?, ?, ?, to_tsvector('english', ?)) ON CONFLICT (event_id) DO NOTHING",
-            rows,
+            [r[:4] for r in rows],
         )
 
     def match_sql(
@@ -225,7 +241,7 @@ class SearchIndexer:
             event = item.event
             found = searchable_text(event.type, event.content)
             if found is not None:
-                rows.append((event.event_id, room_id, found[0], found[1]))
+                rows.append((event.event_id, room_id, found[0], found[1], item.stream_ordering))
         if rows:
             search_engine(txn.engine_name).insert_txn(txn, rows)
 

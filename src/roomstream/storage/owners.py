@@ -46,6 +46,7 @@ TABLE_OWNERS: Mapping[str, str] = {
     "timeline_events": "roomstream.reading.visibility",
     "visibility_memberships": "roomstream.reading.visibility",
     "visibility_backfill_rooms": "roomstream.reading.backfill",
+    "index_backfill_rooms": "roomstream.reading.index_backfill",
     # The relations index (written by the persister's participant).
     "event_relations": "roomstream.reading.relations",
     "threads": "roomstream.reading.relations",
