@@ -54,3 +54,19 @@ def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> N
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
+
+
+def test_no_module_imports_a_test_module() -> None:
+    """Helpers shared by test modules live in tests/support/ (one home): importing a
+    test module from another runs its tests' imports and fixtures twice and hides the
+    helper where nobody looks for it."""
+    import re
+
+    root = Path(__file__).parent
+    pattern = re.compile(r"^\s*(from|import)\s+tests(\.\w+)*\.test_\w+", re.M)
+    found = [
+        str(path.relative_to(root))
+        for path in sorted(root.rglob("*.py"))
+        if "node_modules" not in path.parts and pattern.search(path.read_text())
+    ]
+    assert found == []

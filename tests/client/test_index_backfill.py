@@ -26,10 +26,10 @@ from roomstream.homeserver import open_room_engine
 from roomstream.reading.index_backfill import IndexBackfill, list_rooms_txn
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect
 from roomstream.streams import InMemoryStream
-from tests.client.test_relations import relate
-from tests.reading.test_backfill import _downgrade_txn
 from tests.support.client import room_with, send
 from tests.support.homeserver import Homeserver, User, make_config
+from tests.support.migrations import downgrade_txn
+from tests.support.relations import relate
 from tests.support.wait import wait_for
 
 Rows = dict[str, list[tuple[Any, ...]]]
@@ -138,7 +138,7 @@ async def test_an_upgraded_database_is_indexed_at_start_up(
 
     database = connect(db_config)
     try:
-        await database.run_interaction("downgrade", _downgrade_txn, 16)
+        await database.run_interaction("downgrade", downgrade_txn, 16)
         tables = await database.run_interaction(
             "test_query",
             lambda t: t.query(

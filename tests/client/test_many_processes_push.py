@@ -9,8 +9,8 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.client.test_pushers import _pusher, gateway
 from tests.support.cluster import USER_DATA_WRITERS, register, run_cluster, urls
+from tests.support.push_gateway import gateway, pusher_body
 from tests.support.wait import wait_for
 
 
@@ -27,7 +27,7 @@ async def test_one_process_delivers_what_rules_set_anywhere_call_for(
         alice = (await register(session, url["w1"], "alice")).on(url["reader"])
         bob = (await register(session, url["w1"], "bob")).on(url["w2"])
         carol = (await register(session, url["w1"], "carol")).on(url["w1"])
-        await alice.ok("POST", "/pushers/set", _pusher(gw.url))
+        await alice.ok("POST", "/pushers/set", pusher_body(gw.url))
         assert len((await alice.on(url["w2"]).ok("GET", "/pushers"))["pushers"]) == 1
         await alice.ok("PUT", f"/pushrules/global/sender/{carol.user_id}", {"actions": []})
         rooms = []

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -20,51 +19,8 @@ from roomstream.storage import DatabaseConfig
 from roomstream.streams import InMemoryStream
 from tests.support.client import room_with, send
 from tests.support.homeserver import Homeserver, User, make_config
+from tests.support.push_gateway import gateway, pusher_body
 from tests.support.wait import wait_for
-
-NOTIFY = "/_matrix/push/v1/notify"
-
-
-class Gateway:
-    """A push gateway: records each notification it takes; answers 500 to the first
-    ``failures`` requests (counting them in ``attempts``)."""
-
-    def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
-        self.attempts = 0
-        self.failures = 0
-        #: Pushkeys answered as rejected.
-        self.rejected: list[str] = []
-        self.server: TestServer | None = None
-
-    async def notify(self, request: web.Request) -> web.Response:
-        self.attempts += 1
-        if self.failures > 0:
-            self.failures -= 1
-            return web.json_response({"error": "down"}, status=500)
-        self.received.append(orjson.loads(await request.read())["notification"])
-        return web.json_response({"rejected": self.rejected})
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return str(self.server.make_url(NOTIFY))
-
-    def bodies(self) -> list[str]:
-        return [n["content"]["body"] for n in self.received]
-
-
-@asynccontextmanager
-async def gateway() -> AsyncIterator[Gateway]:
-    gw = Gateway()
-    app = web.Application()
-    app.router.add_post(NOTIFY, gw.notify)
-    gw.server = TestServer(app, host="127.0.0.1")
-    await gw.server.start_server()
-    try:
-        yield gw
-    finally:
-        await gw.server.close()
 
 
 @asynccontextmanager
@@ -91,19 +47,6 @@ async def pushing_homeserver(
         await engine.close()
 
 
-def _pusher(url: str, pushkey: str = "key-1", **extra: Any) -> dict[str, Any]:
-    return {
-        "app_id": "io.example.app",
-        "pushkey": pushkey,
-        "kind": "http",
-        "app_display_name": "Example",
-        "device_display_name": "Phone",
-        "lang": "en",
-        "data": {"url": url, "extra": 1},
-        **extra,
-    }
-
-
 async def _set(hs: Homeserver, user: User, body: dict[str, Any]) -> None:
     await hs.ok("POST", "/pushers/set", body, token=user.token)
 
@@ -112,14 +55,14 @@ async def test_pushers_set_list_replace_delete(homeserver: Homeserver) -> None:
     alice = await homeserver.register("alice")
     bob = await homeserver.register("bob")
     url = "http://127.0.0.1:9/_matrix/push/v1/notify"
-    await _set(homeserver, alice, _pusher(url, profile_tag="work"))
+    await _set(homeserver, alice, pusher_body(url, profile_tag="work"))
     listed = (await homeserver.ok("GET", "/pushers", token=alice.token))["pushers"]
-    assert listed == [{**_pusher(url), "profile_tag": "work"}]
+    assert listed == [{**pusher_body(url), "profile_tag": "work"}]
     assert (await homeserver.ok("GET", "/pushers", token=bob.token))["pushers"] == []
     # Bob takes the same pushkey with append: both have it; without: alice's goes.
-    await _set(homeserver, bob, _pusher(url, append=True))
+    await _set(homeserver, bob, pusher_body(url, append=True))
     assert len((await homeserver.ok("GET", "/pushers", token=alice.token))["pushers"]) == 1
-    await _set(homeserver, bob, _pusher(url, device_display_name="Tablet"))
+    await _set(homeserver, bob, pusher_body(url, device_display_name="Tablet"))
     assert (await homeserver.ok("GET", "/pushers", token=alice.token))["pushers"] == []
     bobs = (await homeserver.ok("GET", "/pushers", token=bob.token))["pushers"]
     assert [p["device_display_name"] for p in bobs] == ["Tablet"]
@@ -132,14 +75,14 @@ async def test_bad_pusher_requests(homeserver: Homeserver) -> None:
     alice = await homeserver.register("alice")
     url = "http://127.0.0.1:9/_matrix/push/v1/notify"
     cases: list[tuple[dict[str, Any], str]] = [
-        ({k: v for k, v in _pusher(url).items() if k != "pushkey"}, "M_MISSING_PARAM"),
-        (_pusher(url, kind="email"), "M_INVALID_PARAM"),
-        (_pusher(url, app_id="x" * 65), "M_INVALID_PARAM"),
-        (_pusher(url, data={}), "M_UNKNOWN"),
-        (_pusher(url, data={"url": "http://127.0.0.1:9/elsewhere"}), "M_UNKNOWN"),
-        (_pusher(url, data={"url": url, "format": "full"}), "M_UNKNOWN"),
-        (_pusher(url, lang=3), "M_BAD_JSON"),
-        (_pusher(url, append="yes"), "M_BAD_JSON"),
+        ({k: v for k, v in pusher_body(url).items() if k != "pushkey"}, "M_MISSING_PARAM"),
+        (pusher_body(url, kind="email"), "M_INVALID_PARAM"),
+        (pusher_body(url, app_id="x" * 65), "M_INVALID_PARAM"),
+        (pusher_body(url, data={}), "M_UNKNOWN"),
+        (pusher_body(url, data={"url": "http://127.0.0.1:9/elsewhere"}), "M_UNKNOWN"),
+        (pusher_body(url, data={"url": url, "format": "full"}), "M_UNKNOWN"),
+        (pusher_body(url, lang=3), "M_BAD_JSON"),
+        (pusher_body(url, append="yes"), "M_BAD_JSON"),
     ]
     for body, errcode in cases:
         status, answer = await homeserver.call("POST", "/pushers/set", body, token=alice.token)
@@ -157,7 +100,7 @@ async def test_gateway_receives_what_the_rules_call_for_in_order(
         room_id = await room_with(hs, bob, alice, carol)
         await hs.ok("PUT", f"/rooms/{room_id}/state/m.room.name", {"name": "Ops"}, token=bob.token)
         await send(hs, bob, room_id, "before the pusher")
-        await _set(hs, alice, _pusher(gw.url))
+        await _set(hs, alice, pusher_body(gw.url))
         # Muted sender, own message, a notice: no notification for any of them.
         await hs.ok(
             "PUT", f"/pushrules/global/sender/{carol.user_id}", {"actions": []}, token=alice.token
@@ -201,7 +144,7 @@ async def test_failed_deliveries_are_retried_in_order(
         alice = await hs.register("alice")
         bob = await hs.register("bob")
         room_id = await room_with(hs, bob, alice)
-        await _set(hs, alice, _pusher(gw.url, data={"url": gw.url, "format": "event_id_only"}))
+        await _set(hs, alice, pusher_body(gw.url, data={"url": gw.url, "format": "event_id_only"}))
         gw.failures = 3
         sent = [await send(hs, bob, room_id, f"m{i}") for i in range(3)]
         await wait_for(lambda: len(gw.received) >= 3, what="three notifications")
@@ -219,7 +162,7 @@ async def test_a_restart_resumes_after_the_last_delivered_event(
             alice = await hs.register("alice")
             bob = await hs.register("bob")
             room_id = await room_with(hs, bob, alice)
-            await _set(hs, alice, _pusher(gw.url))
+            await _set(hs, alice, pusher_body(gw.url))
             await send(hs, bob, room_id, "m1")
             await wait_for(lambda: gw.bodies() == ["m1"], what="m1")
             hs.process.pushers.close()  # down: m2 waits for the next process
@@ -233,14 +176,14 @@ async def test_a_restart_resumes_after_the_last_delivered_event(
             assert gw.bodies() == ["m1", "m2", "m3"]
 
 
-async def test_a_rejected_pushkey_loses_its_pusher(
+async def test_a_rejected_pushkey_loses_itspusher_body(
     db_config: DatabaseConfig, tmp_path: Path
 ) -> None:
     async with gateway() as gw, pushing_homeserver(db_config, tmp_path) as hs:
         alice = await hs.register("alice")
         bob = await hs.register("bob")
         room_id = await room_with(hs, bob, alice)
-        await _set(hs, alice, _pusher(gw.url))
+        await _set(hs, alice, pusher_body(gw.url))
         gw.rejected = ["key-1"]
         await send(hs, bob, room_id, "m1")
 
@@ -251,7 +194,7 @@ async def test_a_rejected_pushkey_loses_its_pusher(
         await wait_for(lambda: _no(pushers()), what="the pusher deleted")
         # Nothing more is sent to it (a new pusher, then an event: only the new one's).
         gw.rejected = []
-        await _set(hs, alice, _pusher(gw.url, pushkey="key-2"))
+        await _set(hs, alice, pusher_body(gw.url, pushkey="key-2"))
         await send(hs, bob, room_id, "m2")
         await wait_for(lambda: len(gw.received) >= 2, what="m2")
         assert [n["devices"][0]["pushkey"] for n in gw.received] == ["key-1", "key-2"]

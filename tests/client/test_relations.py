@@ -8,30 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.support.client import room_with, send
-from tests.support.homeserver import Homeserver, User
-
-
-async def relate(
-    hs: Homeserver,
-    user: User,
-    room_id: str,
-    rel_type: str,
-    parent: str,
-    *,
-    event_type: str = "m.room.message",
-    body: str = "reply",
-    key: str | None = None,
-) -> str:
-    relates: dict[str, Any] = {"rel_type": rel_type, "event_id": parent}
-    content: dict[str, Any] = {"m.relates_to": relates}
-    if key is not None:
-        relates["key"] = key
-    else:
-        content.update({"msgtype": "m.text", "body": body})
-    result = await hs.ok(
-        "PUT", f"/rooms/{room_id}/send/{event_type}/{hs.txn()}", content, token=user.token
-    )
-    return str(result["event_id"])
+from tests.support.homeserver import Homeserver
+from tests.support.relations import relate
 
 
 def ids(events: list[dict[str, Any]]) -> list[str]:

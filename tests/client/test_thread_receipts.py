@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.client.test_relations import relate
 from tests.support.client import q, room_with, send, sync
 from tests.support.homeserver import Homeserver, User
+from tests.support.relations import relate
 
 THREADED = q({"room": {"timeline": {"unread_thread_notifications": True}}})
 

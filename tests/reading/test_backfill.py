@@ -39,8 +39,8 @@ from roomstream.reading.backfill import VisibilityBackfill
 from roomstream.reading.visibility import timeline_lock
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect, prepare_database
-from roomstream.storage.migrations import load_migrations, split_statements
 from roomstream.streams import StreamSet
+from tests.support.migrations import downgrade_txn
 from tests.support.reading_scenario import (
     FIXED,
     SERVER,
@@ -265,33 +265,6 @@ async def test_events_persisted_after_the_records_were_lost(
 # -- upgrading a database persisted before the visibility tables -------------------------
 
 
-def _downgrade_txn(txn: Transaction, below: int) -> None:
-    """Undo every migration from ``below`` on: drop what their scripts create and
-    forget their versions (they create tables, virtual tables and indexes, add columns)."""
-    for migration in reversed(load_migrations()):
-        if migration.version < below:
-            continue
-        # This engine's scripts only (the other's may create what this one never had),
-        # in the reverse of the order they were applied in.
-        for engine in (txn.engine_name, ""):
-            script = migration.scripts.get(engine, "")
-            for statement in reversed(split_statements(script)):
-                words = statement.split()
-                if words[:2] == ["CREATE", "TABLE"]:
-                    txn.execute(f"DROP TABLE {words[2]}")
-                elif words[:3] == ["CREATE", "VIRTUAL", "TABLE"]:  # the FTS5 search index
-                    txn.execute(f"DROP TABLE {words[3]}")
-                elif words[:2] == ["ALTER", "TABLE"] and words[3:5] == ["ADD", "COLUMN"]:
-                    txn.execute(f"ALTER TABLE {words[2]} DROP COLUMN {words[5]}")
-                elif words[0] == "CREATE" and "INDEX" in words[:3]:
-                    name = words[words.index("INDEX") + 1]
-                    txn.execute(f"DROP INDEX IF EXISTS {name}")
-                else:
-                    # Rows a migration lists or drops: nothing to undo.
-                    assert words[0] in ("INSERT", "DELETE"), statement
-        txn.execute("DELETE FROM schema_version WHERE version = ?", (migration.version,))
-
-
 async def persisted_then_downgraded(
     db_config: DatabaseConfig, tmp_path: Path
 ) -> tuple[dict[str, tuple[Rows, Rows]], list[str]]:
@@ -307,7 +280,7 @@ async def persisted_then_downgraded(
             records[played.room_id] = await tables(database, played.room_id)
             if in_order(script):
                 ordered.append(played.room_id)
-        await database.run_interaction("downgrade", _downgrade_txn, 5)
+        await database.run_interaction("downgrade", downgrade_txn, 5)
         versions = await database.run_interaction(
             "test_query", lambda t: t.query("SELECT version FROM schema_version ORDER BY version")
         )
