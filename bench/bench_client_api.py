@@ -40,7 +40,11 @@ aiohttp client:
   the repeats; the ``PUT``'s own time too);
 - ``presence_wake``: user B long-polls ``/sync``; the time from the start of A's
   ``PUT /presence/{userId}/status`` (online and unavailable in turn, a new
-  ``status_msg`` each time) to B's response carrying it (ms, p50 and p99).
+  ``status_msg`` each time) to B's response carrying it (ms, p50 and p99);
+- ``relations_thread``: a thread root with N ``m.thread`` replies; ``GET
+  /relations/{root}/m.thread`` with ``limit`` N and with ``limit`` 50 (ms, median);
+- ``search``: a room of M messages, one in M/H carrying the term; ``POST /search`` for
+  it in that room, ``order_by`` ``rank`` and ``recent`` (ms, median).
 
 Set-up (users, rooms, the messages and members the read scenarios need) is not measured
 and runs as concurrently as each server takes it. Each scenario checks the answers it
@@ -107,6 +111,11 @@ SIZES: dict[str, dict[str, int]] = {
         "profile_rooms": 100,
         "profile_repeats": 5,
         "presence_wake": 100,
+        "thread_replies": 1000,
+        "relations_repeats": 20,
+        "search_msgs": 100_000,
+        "search_hits": 100,
+        "search_repeats": 20,
     },
     "quick": {
         "seq": 100,
@@ -128,6 +137,11 @@ SIZES: dict[str, dict[str, int]] = {
         "profile_rooms": 20,
         "profile_repeats": 2,
         "presence_wake": 20,
+        "thread_replies": 100,
+        "relations_repeats": 5,
+        "search_msgs": 2000,
+        "search_hits": 20,
+        "search_repeats": 5,
     },
 }
 SENDERS = 16
@@ -161,6 +175,10 @@ HEADLINES: dict[str, tuple[str, bool]] = {
     "profile_fanout": ("profile_fanout_ms_p50", False),
     "presence_wake_p50": ("presence_wake_ms_p50", False),
     "presence_wake_p99": ("presence_wake_ms_p99", False),
+    "relations_thread": ("relations_thread_ms_p50", False),
+    "relations_thread_page50": ("relations_thread_page50_ms_p50", False),
+    "search_rank": ("search_rank_ms_p50", False),
+    "search_recent": ("search_recent_ms_p50", False),
 }
 #: roomstream on SQLite must reach these (issue 11, section 5).
 TARGETS: dict[str, tuple[str, float]] = {
@@ -185,6 +203,11 @@ RATIO_TARGETS: dict[str, float] = {
     # issue 20, section 4.
     "profile_fanout": 10,
     "presence_wake_p50": 10,
+    # issue 21, section 7.
+    "relations_thread": 5,
+    "relations_thread_page50": 5,
+    "search_rank": 5,
+    "search_recent": 5,
 }
 SCENARIOS = (
     "send_seq",
@@ -199,6 +222,8 @@ SCENARIOS = (
     "media",
     "profile_fanout",
     "presence_wake",
+    "relations_thread",
+    "search",
 )
 #: The timed parts of the scenarios (what ``--profile`` can sample).
 TIMED_PARTS = (
@@ -218,6 +243,10 @@ TIMED_PARTS = (
     "thumbnail",
     "profile_fanout",
     "presence_wake",
+    "relations_thread",
+    "relations_thread_page50",
+    "search_rank",
+    "search_recent",
 )
 
 
@@ -263,13 +292,20 @@ class Client:
     needs_password: list[bool] = field(default_factory=lambda: [False])
 
     async def call(
-        self, method: str, path: str, token: str | None = None, body: Any = None, **query: Any
+        self,
+        method: str,
+        path: str,
+        token: str | None = None,
+        body: Any = None,
+        api: str = "v3",
+        **query: Any,
     ) -> Any:
+        """``method`` on ``/_matrix/client/{api}{path}``; the decoded JSON answer."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if body is not None:
             headers["Content-Type"] = "application/json"
         data = None if body is None else orjson.dumps(body)
-        url = f"{self.base}/_matrix/client/v3{path}"
+        url = f"{self.base}/_matrix/client/{api}{path}"
         params = {k: str(v) for k, v in query.items() if v is not None}
         for _ in range(50):
             async with self.session.request(
@@ -864,6 +900,181 @@ async def presence_wake(
     }
 
 
+async def timed_calls(repeats: int, call: Callable[[], Awaitable[Any]]) -> tuple[list[float], Any]:
+    """``call`` once untimed (warm-up), then ``repeats`` times timed: the times (ms) and
+    the last answer."""
+    answer = await call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        answer = await call()
+        times.append(ms_since(started))
+    return times, answer
+
+
+async def relations_thread(
+    client: Client, sizes: dict[str, int], tag: str, hook: Hook
+) -> dict[str, Any]:
+    """A thread root with N ``m.thread`` replies (sent concurrently, set-up); then
+    ``GET /_matrix/client/v1/rooms/{id}/relations/{root}/m.thread`` with ``limit`` N (all
+    of them in one answer) and with ``limit`` 50 (the first page), each repeated (median
+    ms). Both answers are checked: every reply, newest first, and a ``next_batch``."""
+    n = sizes["thread_replies"]
+    user = await client.register(f"rt{tag}")
+    room = await client.create_room(user)
+    root = await client.send(user, room, "thread root")
+
+    async def reply(i: int) -> str:
+        client.txn[0] += 1
+        content = {
+            "msgtype": "m.text",
+            "body": f"reply {i}",
+            "m.relates_to": {
+                "rel_type": "m.thread",
+                "event_id": root,
+                "is_falling_back": True,
+                "m.in_reply_to": {"event_id": root},
+            },
+        }
+        path = f"/rooms/{room}/send/m.room.message/r{client.txn[0]}"
+        return str((await client.call("PUT", path, user.token, content))["event_id"])
+
+    replies = set(await bounded(SETUP_CONCURRENCY, [reply(i) for i in range(n)]))
+    path = f"/rooms/{room}/relations/{root}/m.thread"
+    results: dict[str, Any] = {}
+    for name, limit in (("relations_thread", n), ("relations_thread_page50", 50)):
+
+        def page(limit: int = limit) -> Awaitable[Any]:
+            return client.call("GET", path, user.token, api="v1", limit=limit)
+
+        async with hook(name):
+            times, answer = await timed_calls(sizes["relations_repeats"], page)
+        chunk = [e["event_id"] for e in answer["chunk"]]
+        if len(chunk) != min(limit, n) or not set(chunk) <= replies:
+            raise RuntimeError(f"{name}: {len(chunk)} events, not {min(limit, n)} replies")
+        if limit < n and not answer.get("next_batch"):
+            raise RuntimeError(f"{name}: no next_batch after {limit} of {n} replies")
+        results[f"{name}_ms_first"] = times[0]
+        results[f"{name}_ms_p50"] = statistics.median(times)
+    results["relations_thread_replies"] = n
+    return results
+
+
+#: Words of the ``search`` scenario's messages; the term searched for is not one of them.
+SEARCH_WORDS = [
+    "apple",
+    "bridge",
+    "candle",
+    "dragon",
+    "engine",
+    "forest",
+    "garden",
+    "harbor",
+    "island",
+    "jungle",
+    "kettle",
+    "lantern",
+    "meadow",
+    "needle",
+    "orchard",
+    "pepper",
+    "quarry",
+    "river",
+    "saddle",
+    "timber",
+    "umbrella",
+    "valley",
+    "willow",
+    "yarrow",
+    "anchor",
+    "basket",
+    "copper",
+    "desert",
+    "ember",
+    "falcon",
+    "glacier",
+    "hollow",
+    "ivory",
+    "jasper",
+    "kernel",
+    "ledger",
+    "marble",
+    "nectar",
+    "oyster",
+    "pebble",
+    "quiver",
+    "ribbon",
+    "summit",
+    "thistle",
+    "velvet",
+    "walnut",
+    "zephyr",
+]
+SEARCH_TERM = "xylophone"
+
+
+async def search(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> dict[str, Any]:
+    """A room of M messages of 8 words each (sent concurrently through ``PUT /send``,
+    set-up), one in every M/H carrying the term (twice in every other one, so ranking
+    has something to order); then ``POST /search`` for the term in that room, ``order_by``
+    ``rank`` and ``recent`` (the default page of 10), repeated (median ms). Checked: 10
+    results, all of them messages with the term; ``recent`` newest first."""
+    total, hits = sizes["search_msgs"], sizes["search_hits"]
+    every = total // hits
+    user = await client.register(f"se{tag}")
+    room = await client.create_room(user)
+    rng = random.Random(total)
+
+    def body(i: int) -> str:
+        words = rng.choices(SEARCH_WORDS, k=8)
+        if i % every == every - 1:
+            words[rng.randrange(8)] = SEARCH_TERM
+            if (i // every) % 2:
+                words[rng.randrange(8)] = SEARCH_TERM.capitalize()
+        return f"message {i}: {' '.join(words)}"
+
+    texts = [body(i) for i in range(total)]
+    started = time.perf_counter()
+    ids = await bounded(SETUP_CONCURRENCY, [client.send(user, room, t) for t in texts])
+    setup_s = time.perf_counter() - started
+    with_term = {e for e, t in zip(ids, texts, strict=True) if SEARCH_TERM in t.lower()}
+    results: dict[str, Any] = {
+        "search_room_messages": total,
+        "search_matching": len(with_term),
+        "search_setup_events_per_s": total / setup_s,
+    }
+    for order in ("rank", "recent"):
+        name = f"search_{order}"
+        request = {
+            "search_categories": {
+                "room_events": {
+                    "search_term": SEARCH_TERM,
+                    "order_by": order,
+                    "keys": ["content.body"],
+                    "filter": {"rooms": [room]},
+                }
+            }
+        }
+
+        def query(request: dict[str, Any] = request) -> Awaitable[Any]:
+            return client.call("POST", "/search", user.token, request)
+
+        async with hook(name):
+            times, answer = await timed_calls(sizes["search_repeats"], query)
+        found = answer["search_categories"]["room_events"]
+        got = [r["result"] for r in found.get("results", [])]
+        if len(got) != 10 or not {e["event_id"] for e in got} <= with_term:
+            raise RuntimeError(f"{name}: {len(got)} results, not 10 with the term")
+        if order == "recent":
+            stamps = [e["origin_server_ts"] for e in got]
+            if stamps != sorted(stamps, reverse=True):
+                raise RuntimeError(f"{name}: results not newest first")
+        results[f"{name}_ms_first"] = times[0]
+        results[f"{name}_ms_p50"] = statistics.median(times)
+        results[f"{name}_count"] = found.get("count")
+    return results
+
+
 RUNNERS: dict[str, Callable[[Client, dict[str, int], str, Hook], Awaitable[dict[str, Any]]]] = {
     "send_seq": send_seq,
     "send_16": send_16,
@@ -877,6 +1088,8 @@ RUNNERS: dict[str, Callable[[Client, dict[str, int], str, Hook], Awaitable[dict[
     "media": media,
     "profile_fanout": profile_fanout,
     "presence_wake": presence_wake,
+    "relations_thread": relations_thread,
+    "search": search,
 }
 
 
