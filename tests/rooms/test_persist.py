@@ -217,7 +217,7 @@ async def test_exact_bytes_are_kept(engine: RoomEngine, remote_key: SigningKey) 
     assert [r.rejected_reason for r in results] == [None, None]
     assert results[1].event_id == message.event_id  # same event, other bytes
     assert await engine.store.get_event_raw(message.event_id) == raw
-    engine.store._events.clear()
+    engine.store._events.invalidate_all()
     loaded = await engine.store.get_event(message.event_id)
     assert loaded is not None and loaded.raw == raw
     assert loaded.content["body"] == data["content"]["body"]
