@@ -6,21 +6,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from roomstream.client import build_client_api
-from roomstream.homeserver import open_room_engine
 from roomstream.storage import DatabaseConfig
-from roomstream.streams import InMemoryStream
 from tests.support.cluster import USER_DATA_WRITERS, Cluster, run_cluster
 from tests.support.fuzz import FuzzTarget, serve_fuzz_target
 from tests.support.homeserver import (
     Homeserver,
     RunningServer,
     make_config,
+    serve_homeserver,
     serve_roomstream,
 )
 
@@ -28,20 +23,8 @@ from tests.support.homeserver import (
 @pytest.fixture
 async def homeserver(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[Homeserver]:
     config = make_config(db_config, tmp_path)
-    engine = await open_room_engine(config)
-    app = web.Application(client_max_size=64 * 1024)
-    process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
-    process.api.install(app)
-    server = TestServer(app)
-    await server.start_server()
-    session = aiohttp.ClientSession()
-    try:
-        yield Homeserver(server, session, engine, config, process)
-    finally:
-        await session.close()
-        await server.close()
-        process.close()
-        await engine.close()
+    async with serve_homeserver(config) as server:
+        yield server
 
 
 # -- a real `roomstream run` process ------------------------------------------------------

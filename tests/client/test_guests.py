@@ -9,39 +9,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from roomstream.accounts import Accounts, AccountStore
-from roomstream.client import build_client_api
 from roomstream.client.guests import GUEST_ROUTES
 from roomstream.errors import ForbiddenError, GuestAccessForbiddenError
-from roomstream.homeserver import open_room_engine
 from roomstream.storage import Database, DatabaseConfig
-from roomstream.streams import InMemoryStream
-from tests.support.homeserver import SERVER_NAME, Homeserver, User, make_config
+from tests.support.homeserver import SERVER_NAME, Homeserver, User, make_config, serve_homeserver
 
 
 @pytest.fixture
 async def hs(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[Homeserver]:
     """The ``homeserver`` fixture with guest access on."""
     config = make_config(db_config, tmp_path, allow_guest_access=True)
-    engine = await open_room_engine(config)
-    app = web.Application(client_max_size=64 * 1024)
-    process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
-    process.api.install(app)
-    server = TestServer(app)
-    await server.start_server()
-    session = aiohttp.ClientSession()
-    try:
-        yield Homeserver(server, session, engine, config, process)
-    finally:
-        await session.close()
-        await server.close()
-        process.close()
-        await engine.close()
+    async with serve_homeserver(config) as server:
+        yield server
 
 
 async def register_guest(hs: Homeserver, body: Any = None) -> User:

@@ -16,18 +16,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-from aiohttp.test_utils import TestServer
-
-from roomstream.client import build_client_api
 from roomstream.config import Config
-from roomstream.homeserver import open_room_engine
 from roomstream.reading.index_backfill import IndexBackfill, list_rooms_txn
 from roomstream.storage import Database, DatabaseConfig, Transaction, connect
-from roomstream.streams import InMemoryStream
 from tests.support.client import room_with, send
-from tests.support.homeserver import Homeserver, User, make_config
+from tests.support.homeserver import Homeserver, User, make_config, serve_homeserver
 from tests.support.migrations import downgrade_txn
 from tests.support.relations import relate
 from tests.support.wait import wait_for
@@ -38,20 +31,8 @@ Rows = dict[str, list[tuple[Any, ...]]]
 @asynccontextmanager
 async def serving(config: Config) -> AsyncIterator[Homeserver]:
     """The ``homeserver`` fixture's server, for a config a test opens more than once."""
-    engine = await open_room_engine(config)
-    app = web.Application(client_max_size=64 * 1024)
-    process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
-    process.api.install(app)
-    server = TestServer(app)
-    await server.start_server()
-    session = aiohttp.ClientSession()
-    try:
-        yield Homeserver(server, session, engine, config, process)
-    finally:
-        await session.close()
-        await server.close()
-        process.close()
-        await engine.close()
+    async with serve_homeserver(config) as server:
+        yield server
 
 
 def _index_txn(txn: Transaction) -> Rows:

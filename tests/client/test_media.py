@@ -15,20 +15,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import orjson
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from PIL import Image
 
-from roomstream.client import build_client_api
 from roomstream.config import MediaConfig
-from roomstream.homeserver import open_room_engine
 from roomstream.media.safety import CONTENT_SECURITY_POLICY
 from roomstream.storage import DatabaseConfig
-from roomstream.streams import InMemoryStream
-from tests.support.homeserver import SERVER_NAME, Homeserver, User, make_config
+from tests.support.homeserver import SERVER_NAME, Homeserver, User, make_config, serve_homeserver
 
 V1 = "/_matrix/client/v1/media"
 LEGACY = "/_matrix/media/v3"
@@ -40,20 +34,8 @@ async def media_server(
 ) -> AsyncIterator[Homeserver]:
     """The client API (as the ``homeserver`` fixture) with ``media`` settings."""
     config = make_config(db_config, tmp_path, media=MediaConfig(**media))
-    engine = await open_room_engine(config)
-    app = web.Application(client_max_size=64 * 1024)
-    process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
-    process.api.install(app)
-    server = TestServer(app)
-    await server.start_server()
-    session = aiohttp.ClientSession()
-    try:
-        yield Homeserver(server, session, engine, config, process)
-    finally:
-        await session.close()
-        await server.close()
-        process.close()
-        await engine.close()
+    async with serve_homeserver(config) as server:
+        yield server
 
 
 @pytest.fixture

@@ -12,19 +12,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from roomstream.client import build_client_api, presence_timeouts
+from roomstream.client import ClientProcess, presence_timeouts
 from roomstream.client.presence_service import PresenceWriter
 from roomstream.config import PresenceConfig
-from roomstream.homeserver import open_room_engine
 from roomstream.replication.commands import ClearUserSyncCommand, UserSyncCommand
 from roomstream.storage import DatabaseConfig
-from roomstream.streams import InMemoryStream
-from tests.support.homeserver import Homeserver, User, make_config
+from tests.support.homeserver import Homeserver, User, make_config, serve_homeserver
 from tests.support.wait import wait_for
 
 
@@ -182,21 +177,12 @@ SHORT = PresenceConfig(
 @pytest.fixture
 async def short_presence(db_config: DatabaseConfig, tmp_path: Path) -> AsyncIterator[Homeserver]:
     config = make_config(db_config, tmp_path, presence=SHORT)
-    engine = await open_room_engine(config)
-    app = web.Application(client_max_size=64 * 1024)
-    process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
-    process.api.install(app)
-    await process.start()
-    server = TestServer(app)
-    await server.start_server()
-    session = aiohttp.ClientSession()
-    try:
-        yield Homeserver(server, session, engine, config, process)
-    finally:
-        await session.close()
-        await server.close()
-        process.close()
-        await engine.close()
+
+    async def start(process: ClientProcess) -> None:
+        await process.start()
+
+    async with serve_homeserver(config, prepare=start) as server:
+        yield server
 
 
 async def test_idle_then_offline_after_the_configured_timeouts(short_presence: Homeserver) -> None:

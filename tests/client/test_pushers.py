@@ -9,16 +9,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-from aiohttp.test_utils import TestServer
-
-from roomstream.client import build_client_api
-from roomstream.homeserver import open_room_engine
+from roomstream.client import ClientProcess
 from roomstream.storage import DatabaseConfig
-from roomstream.streams import InMemoryStream
 from tests.support.client import room_with, send
-from tests.support.homeserver import Homeserver, User, make_config
+from tests.support.homeserver import Homeserver, User, make_config, serve_homeserver
 from tests.support.push_gateway import gateway, pusher_body
 from tests.support.wait import wait_for
 
@@ -29,22 +23,13 @@ async def pushing_homeserver(
 ) -> AsyncIterator[Homeserver]:
     """A homeserver whose pusher pool runs (retries after 20 ms, doubling)."""
     config = make_config(db_config, tmp_path)
-    engine = await open_room_engine(config)
-    app = web.Application(client_max_size=64 * 1024)
-    process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
-    process.pushers.initial_backoff = 0.02
-    process.api.install(app)
-    server = TestServer(app)
-    await server.start_server()
-    await process.pushers.start()
-    session = aiohttp.ClientSession()
-    try:
-        yield Homeserver(server, session, engine, config, process)
-    finally:
-        await session.close()
-        await server.close()
-        process.close()
-        await engine.close()
+
+    async def start_pushers(process: ClientProcess) -> None:
+        process.pushers.initial_backoff = 0.02
+        await process.pushers.start()
+
+    async with serve_homeserver(config, prepare=start_pushers) as server:
+        yield server
 
 
 async def _set(hs: Homeserver, user: User, body: dict[str, Any]) -> None:

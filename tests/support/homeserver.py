@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +16,15 @@ from typing import Any
 import aiohttp
 import orjson
 import yaml
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from roomstream.client import ClientProcess
+from roomstream.client import ClientProcess, build_client_api
 from roomstream.config import Config
+from roomstream.homeserver import open_room_engine
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import DatabaseConfig
+from roomstream.streams import InMemoryStream
 from tests.support.ports import free_port
 
 SERVER_NAME = "test.local"
@@ -102,6 +105,31 @@ def signal_waits(hs: Homeserver) -> asyncio.Event:
 
     notifier.listen = listen  # type: ignore[method-assign]
     return waiting
+
+
+@asynccontextmanager
+async def serve_homeserver(
+    config: Config, *, prepare: Callable[[ClientProcess], Awaitable[None]] | None = None
+) -> AsyncIterator[Homeserver]:
+    """The Client-Server API of ``config`` in this process (the ``homeserver`` fixture's
+    server), on a test server; ``prepare`` runs once the API is installed, before it
+    serves (starting background work: presence timers, pushers)."""
+    engine = await open_room_engine(config)
+    app = web.Application(client_max_size=64 * 1024)
+    process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
+    process.api.install(app)
+    if prepare is not None:
+        await prepare(process)
+    server = TestServer(app)
+    await server.start_server()
+    session = aiohttp.ClientSession()
+    try:
+        yield Homeserver(server, session, engine, config, process)
+    finally:
+        await session.close()
+        await server.close()
+        process.close()
+        await engine.close()
 
 
 def make_config(db_config: DatabaseConfig, tmp_path: Path, **overrides: Any) -> Config:
