@@ -11,6 +11,7 @@ from roomstream.accounts import Accounts
 from roomstream.client.legacy import LegacyReads, clamp_limit
 from roomstream.client.request import (
     json_response,
+    path_value,
     query_bool,
     query_int,
     read_json,
@@ -20,7 +21,7 @@ from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
 from roomstream.client.sync import SyncToken
 from roomstream.errors import InvalidParamError, NotFoundError
-from roomstream.grammar import MAX_ID_BYTES, is_room_id_to_look_up, utf8_length
+from roomstream.grammar import is_room_id_to_look_up
 from roomstream.reading import EventsToken, RoomReader
 
 __all__ = ["legacy_routes"]
@@ -29,13 +30,6 @@ __all__ = ["legacy_routes"]
 DEFAULT_INITIAL_SYNC_LIMIT = 10
 #: Default events per room of one ``/events`` answer.
 DEFAULT_EVENTS_LIMIT = 100
-
-
-def _path_value(request: web.Request, name: str) -> str:
-    value = request.match_info[name]
-    if not value or utf8_length(value) > MAX_ID_BYTES:
-        raise InvalidParamError(f"{name} must be 1-{MAX_ID_BYTES} bytes")
-    return value
 
 
 def _events_token(raw: str | None) -> EventsToken | None:
@@ -55,7 +49,7 @@ def legacy_routes(
         requester = await authenticate(accounts, request)
         content = await read_json(request)
         event_id = await rooms.send_untracked(
-            requester, room_id_in_path(request), _path_value(request, "event_type"), content
+            requester, room_id_in_path(request), path_value(request, "event_type"), content
         )
         return json_response({"event_id": event_id})
 
@@ -91,7 +85,7 @@ def legacy_routes(
     async def get_event(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         event = await reader.get_event(
-            requester.user_id, _path_value(request, "event_id"), device_id=requester.device_id
+            requester.user_id, path_value(request, "event_id"), device_id=requester.device_id
         )
         if event is None:
             raise NotFoundError("event not found")

@@ -151,28 +151,32 @@ def media_routes(accounts: Accounts, media: MediaRepository) -> list[Route]:
 
     where = "/{server_name}/{media_id}"
     routes = [
-        Route("GET", f"{AUTHENTICATED}/config", config, absolute=True),
-        Route("GET", f"{AUTHENTICATED}/preview_url", preview_url, absolute=True),
-        Route("GET", f"{AUTHENTICATED}/download{where}", download(authenticated=True), True),
-        Route(
-            "GET",
-            f"{AUTHENTICATED}/download{where}/{{file_name}}",
-            download(authenticated=True),
-            absolute=True,
-        ),
-        Route("GET", f"{AUTHENTICATED}/thumbnail{where}", thumbnail(authenticated=True), True),
         Route("POST", f"{LEGACY}/upload", upload, absolute=True),
         Route("POST", "/_matrix/media/v1/create", create, absolute=True),
         Route("PUT", f"/_matrix/media/v3/upload{where}", upload_to, absolute=True),
-        Route("GET", f"{LEGACY}/config", config, absolute=True),
-        Route("GET", f"{LEGACY}/preview_url", preview_url, absolute=True),
-        Route("GET", f"{LEGACY}/download{where}", download(authenticated=False), True),
-        Route(
-            "GET",
-            f"{LEGACY}/download{where}/{{file_name}}",
-            download(authenticated=False),
-            absolute=True,
-        ),
-        Route("GET", f"{LEGACY}/thumbnail{where}", thumbnail(authenticated=False), True),
     ]
+    # The same reads under the authenticated prefix and the frozen legacy one.
+    for prefix, authenticated in ((AUTHENTICATED, True), (LEGACY, False)):
+        routes += [
+            Route("GET", f"{prefix}/config", config, absolute=True),
+            Route("GET", f"{prefix}/preview_url", preview_url, absolute=True),
+            Route(
+                "GET",
+                f"{prefix}/download{where}",
+                download(authenticated=authenticated),
+                absolute=True,
+            ),
+            Route(
+                "GET",
+                f"{prefix}/download{where}/{{file_name}}",
+                download(authenticated=authenticated),
+                absolute=True,
+            ),
+            Route(
+                "GET",
+                f"{prefix}/thumbnail{where}",
+                thumbnail(authenticated=authenticated),
+                absolute=True,
+            ),
+        ]
     return routes

@@ -12,10 +12,15 @@ from aiohttp import web
 
 from roomstream.accounts import Accounts, Requester
 from roomstream.client.ignored import IgnoredUsers, hide_ignored
-from roomstream.client.request import json_response, query_bool, query_int, room_id_in_path
+from roomstream.client.request import (
+    json_response,
+    path_value,
+    query_bool,
+    query_int,
+    room_id_in_path,
+)
 from roomstream.client.server import Route, authenticate
 from roomstream.errors import InvalidParamError
-from roomstream.grammar import MAX_ID_BYTES, utf8_length
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.format import ClientEvent
 from roomstream.reading.tokens import PaginationToken, RoomPosition
@@ -29,13 +34,6 @@ def _token(raw: str | None, name: str) -> PaginationToken | None:
     if len(raw) > 1000:
         raise InvalidParamError(f"{name} is too long")
     return parse_pagination_token(raw)
-
-
-def _path_value(request: web.Request, name: str) -> str | None:
-    value = request.match_info.get(name)
-    if value is not None and utf8_length(value) > MAX_ID_BYTES:
-        raise InvalidParamError(f"{name} is too long")
-    return value
 
 
 async def bundle_aggregations(
@@ -79,9 +77,9 @@ def relations_routes(
         chunk = await reader.relations(
             requester.user_id,
             room_id_in_path(request),
-            _path_value(request, "event_id") or "",
-            rel_type=_path_value(request, "rel_type"),
-            event_type=_path_value(request, "event_type"),
+            path_value(request, "event_id"),
+            rel_type=path_value(request, "rel_type") or None,
+            event_type=path_value(request, "event_type") or None,
             direction=dir_value,
             from_token=_token(from_raw, "from"),
             to_token=_token(request.query.get("to"), "to"),

@@ -17,13 +17,14 @@ from roomstream.errors import (
     MissingParamError,
     MissingTokenError,
 )
-from roomstream.grammar import is_room_id_to_look_up
+from roomstream.grammar import MAX_ID_BYTES, is_room_id_to_look_up, utf8_length
 from roomstream.httpbase import json_response, read_json
 
 __all__ = [
     "access_token",
     "json_response",
     "optional",
+    "path_value",
     "query_bool",
     "query_int",
     "read_json",
@@ -102,6 +103,15 @@ def access_token(request: web.Request) -> str | None:
             raise MissingTokenError("Authorization must be 'Bearer <token>'")
         return token.strip()
     return request.query.get("access_token")
+
+
+def path_value(request: web.Request, name: str) -> str:
+    """The ``{name}`` path value (``""`` when the route has no such part); longer than an
+    identifier may be (:data:`~roomstream.grammar.MAX_ID_BYTES`): ``M_INVALID_PARAM``."""
+    value = request.match_info.get(name, "")
+    if utf8_length(value) > MAX_ID_BYTES:
+        raise InvalidParamError(f"{name} is too long")
+    return value
 
 
 def room_id_in_path(request: web.Request) -> str:

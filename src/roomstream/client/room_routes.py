@@ -7,20 +7,19 @@ from typing import Any
 from aiohttp import web
 
 from roomstream.accounts import Accounts
-from roomstream.client.request import json_response, optional, read_json, required, room_id_in_path
+from roomstream.client.request import (
+    json_response,
+    optional,
+    path_value,
+    read_json,
+    required,
+    room_id_in_path,
+)
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.server import Route, authenticate
-from roomstream.errors import InvalidParamError, NotFoundError
-from roomstream.grammar import MAX_ID_BYTES, utf8_length
+from roomstream.errors import NotFoundError
 
 __all__ = ["room_routes"]
-
-
-def _path_value(request: web.Request, name: str) -> str:
-    value = request.match_info.get(name, "")
-    if utf8_length(value) > MAX_ID_BYTES:
-        raise InvalidParamError(f"{name} is too long")
-    return value
 
 
 def _join_content(body: dict[str, Any]) -> dict[str, Any]:
@@ -41,14 +40,14 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
     async def join_any(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         body = await read_json(request)
-        target = _path_value(request, "room")
+        target = path_value(request, "room")
         return json_response({"room_id": await rooms.join(requester, target, _join_content(body))})
 
     async def knock(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         body = await read_json(request)
         room_id = await rooms.knock(
-            requester, _path_value(request, "room"), optional(body, "reason", str)
+            requester, path_value(request, "room"), optional(body, "reason", str)
         )
         return json_response({"room_id": room_id})
 
@@ -87,9 +86,9 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         event_id = await rooms.send_event(
             requester,
             room_id_in_path(request),
-            _path_value(request, "event_type"),
+            path_value(request, "event_type"),
             content,
-            _path_value(request, "txn_id"),
+            path_value(request, "txn_id"),
         )
         return json_response({"event_id": event_id})
 
@@ -99,8 +98,8 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         event_id = await rooms.set_state(
             requester,
             room_id_in_path(request),
-            _path_value(request, "event_type"),
-            _path_value(request, "state_key"),
+            path_value(request, "event_type"),
+            path_value(request, "state_key"),
             content,
         )
         return json_response({"event_id": event_id})
@@ -110,8 +109,8 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         content = await rooms.readable_state_entry(
             requester,
             room_id_in_path(request),
-            _path_value(request, "event_type"),
-            _path_value(request, "state_key"),
+            path_value(request, "event_type"),
+            path_value(request, "state_key"),
         )
         if content is None:
             raise NotFoundError("no such state event")
@@ -123,9 +122,9 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         event_id = await rooms.redact(
             requester,
             room_id_in_path(request),
-            _path_value(request, "event_id"),
+            path_value(request, "event_id"),
             optional(body, "reason", str),
-            _path_value(request, "txn_id"),
+            path_value(request, "txn_id"),
         )
         return json_response({"event_id": event_id})
 
@@ -133,19 +132,19 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         requester = await authenticate(accounts, request)
         body = await read_json(request)
         await rooms.create_alias(
-            requester, _path_value(request, "alias"), required(body, "room_id", str)
+            requester, path_value(request, "alias"), required(body, "room_id", str)
         )
         return json_response({})
 
     async def get_alias(request: web.Request) -> web.Response:
-        room_id = await rooms.get_alias(_path_value(request, "alias"))
+        room_id = await rooms.get_alias(path_value(request, "alias"))
         return json_response({"room_id": room_id, "servers": [rooms.server_name]})
 
     async def delete_alias(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         user = await accounts.store.get_user(requester.user_id)
         is_admin = user is not None and user.admin
-        await rooms.delete_alias(requester, _path_value(request, "alias"), is_admin=is_admin)
+        await rooms.delete_alias(requester, path_value(request, "alias"), is_admin=is_admin)
         return json_response({})
 
     async def joined_rooms(request: web.Request) -> web.Response:
