@@ -432,3 +432,15 @@ class ServiceUnavailableError(NamedError):
     def __init__(self, message: str, *, retry_after_ms: int = 1000) -> None:
         super().__init__(message)
         self.retry_after_ms = retry_after_ms
+
+
+# Federation: joining and leaving rooms of other servers (roomstream.federation.remote_rooms)
+
+
+class RemoteServerError(NamedError):
+    """No server asked could do what the request needs of another homeserver (a join of
+    a room this server is not in): none answered, or answers made no sense (502
+    ``M_UNKNOWN``). A server's own refusal (403, 404) is passed on as it was given."""
+
+    HTTP_STATUS = 502
+    ERRCODE = Codes.UNKNOWN

@@ -54,6 +54,7 @@ from roomstream.client.pushers import PusherPool, PusherStore, parse_pusher
 from roomstream.client.pushrules import PUSH_RULES
 from roomstream.client.read_routes import read_routes
 from roomstream.client.relations_routes import relations_routes
+from roomstream.client.remote_rooms import RemoteRooms
 from roomstream.client.reports import Reports
 from roomstream.client.room_routes import room_routes
 from roomstream.client.rooms import RoomService
@@ -104,6 +105,7 @@ class ClientProcess:
         invalidations_live: Callable[[], bool] | None = None,
         send_command: Callable[[Command, str], bool] | None = None,
         stream_live: Callable[[str], bool] | None = None,
+        remote_rooms: RemoteRooms | None = None,
     ) -> None:
         """``send_command``: sends a replication command towards an instance (the
         presence writer's ``USER_SYNC``); None: this process tells nobody of its syncs.
@@ -136,7 +138,12 @@ class ClientProcess:
         )
         room_writer = RoomWriter(config, engine.creator, http_client)
         self.rooms = RoomService(
-            config.server_name, room_writer, engine.store, self.store, self.reader
+            config.server_name,
+            room_writer,
+            engine.store,
+            self.store,
+            self.reader,
+            remote=remote_rooms,
         )
         profile_store = ProfileStore(engine.db)
         # Joins, invites and knocks created on this process carry the target's profile.
@@ -509,8 +516,10 @@ def build_client_api(
     invalidations_live: Callable[[], bool] | None = None,
     send_command: Callable[[Command, str], bool] | None = None,
     stream_live: Callable[[str], bool] | None = None,
+    remote_rooms: RemoteRooms | None = None,
 ) -> ClientProcess:
-    """The Client-Server API of this instance; ``.api.install`` puts it on an app."""
+    """The Client-Server API of this instance; ``.api.install`` puts it on an app.
+    ``remote_rooms``: other servers' rooms (federation), or None without federation."""
     return ClientProcess(
         config,
         engine,
@@ -520,6 +529,7 @@ def build_client_api(
         invalidations_live=invalidations_live,
         send_command=send_command,
         stream_live=stream_live,
+        remote_rooms=remote_rooms,
     )
 
 

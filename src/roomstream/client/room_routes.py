@@ -41,7 +41,11 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
         requester = await authenticate(accounts, request)
         body = await read_json(request)
         target = path_value(request, "room")
-        return json_response({"room_id": await rooms.join(requester, target, _join_content(body))})
+        # Servers to join through when this one is not in the room: `via` (v1.12) and the
+        # older `server_name`, as Synapse takes both.
+        via = [*request.query.getall("via", ()), *request.query.getall("server_name", ())]
+        room_id = await rooms.join(requester, target, _join_content(body), via=via)
+        return json_response({"room_id": room_id})
 
     async def knock(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)

@@ -19,6 +19,7 @@ import orjson
 
 from roomstream.accounts import Requester, parse_user_id
 from roomstream.client.aliases import AliasRules, canonical_aliases
+from roomstream.client.remote_rooms import RemoteRooms, servers_to_try
 from roomstream.client.request import optional
 from roomstream.client.store import ClientStore
 from roomstream.client.writes import RoomWriter
@@ -129,8 +130,12 @@ class RoomService:
         events: EventStore,
         store: ClientStore,
         reader: RoomReader,
+        *,
+        remote: RemoteRooms | None = None,
     ) -> None:
         self.server_name = server_name
+        #: Other servers' rooms and aliases (None: this server has no federation).
+        self.remote = remote
         self.writer = writer
         self.events = events
         self.store = store
@@ -319,20 +324,57 @@ class RoomService:
     # -- membership --------------------------------------------------------------------
 
     async def resolve_room(self, room_id_or_alias: str) -> str:
+        return (await self._resolve_with_servers(room_id_or_alias))[0]
+
+    async def _resolve_with_servers(self, room_id_or_alias: str) -> tuple[str, list[str]]:
+        """The room ID, and the servers an alias's directory named (none for a local
+        alias or a room ID). Another server's alias is asked of that server when this
+        one has federation (``M_INVALID_PARAM`` otherwise, as before)."""
         if room_id_or_alias.startswith("#"):
+            if (
+                self.remote is not None
+                and is_room_alias(room_id_or_alias)
+                and room_id_or_alias.partition(":")[2] != self.server_name
+            ):
+                return await self.remote.resolve_alias(room_id_or_alias)
             found = await self.store.get_alias(self._local_alias(room_id_or_alias))
             if found is None:
                 raise NotFoundError(f"room alias {room_id_or_alias} unknown")
-            return found[0]
+            return found[0], []
         if not is_room_id_to_look_up(room_id_or_alias):
             raise InvalidParamError("expected a room ID or alias")
-        return room_id_or_alias
+        return room_id_or_alias, []
+
+    async def _remote_servers_for(
+        self, room_id: str, user_id: str, given: Sequence[str]
+    ) -> list[str] | None:
+        """Where to join or leave ``room_id`` over federation, or None to do it here.
+
+        Here when this server is in the room (a local member is joined) or has no
+        federation; over federation when it does not know the room at all, or knows it
+        only through an invite or a knock (an outlier), or all its users left a room
+        others are still in. The servers: those given, the inviter's, the room ID's."""
+        if self.remote is None:
+            return None
+        known = await self.events.get_room_version(room_id) is not None
+        if known and await self.events.server_in_room(room_id, self.server_name):
+            return None
+        inviter: list[str] = []
+        member_id = await self.events.get_current_state_entry(room_id, (EventTypes.MEMBER, user_id))
+        member = None if member_id is None else await self.events.get_event(member_id)
+        if member is not None and member.sender != user_id:
+            inviter = [member.sender.partition(":")[2]]
+        servers = servers_to_try(self.server_name, room_id, given, inviter)
+        if not servers and known:
+            return None  # a room of this server's own that everyone left: join here
+        return servers
 
     async def join(
         self,
         requester: Requester,
         room_id_or_alias: str,
         content: Mapping[str, Any] | None = None,
+        via: Sequence[str] | None = None,
     ) -> str:
         """Join the room; ``content``: the request body, whose keys go into the join
         event's content (``reason``, ``displayname``, custom keys: as Synapse), except
@@ -343,13 +385,25 @@ class RoomService:
         A guest may join only a room whose ``m.room.guest_access`` is ``can_join`` (403
         ``M_FORBIDDEN`` otherwise, as Synapse: guests are a local notion, so this is the
         server's check, not an auth rule), and its join event says ``"kind": "guest"``."""
-        room_id = await self.resolve_room(room_id_or_alias)
+        room_id, alias_servers = await self._resolve_with_servers(room_id_or_alias)
+        event_content = {k: v for k, v in (content or {}).items() if k not in _SERVER_JOIN_KEYS}
+        event_content["membership"] = "join"
+        remote = await self._remote_servers_for(
+            room_id, requester.user_id, [*(via or ()), *alias_servers]
+        )
+        if remote is not None:
+            if requester.is_guest:
+                raise ForbiddenError("guests cannot join rooms of other servers")
+            if not remote:
+                raise NotFoundError(f"unknown room {room_id}, and no server in it is known to ask")
+            assert self.remote is not None
+            await self.remote.join(requester.user_id, room_id, remote, event_content)
+            await self.store.unforget(requester.user_id, room_id)
+            return room_id
         if await self.events.get_room_version(room_id) is None:
             raise NotFoundError(f"unknown room {room_id}")
         if await self.membership(room_id, requester.user_id) == "join":
             return room_id
-        event_content = {k: v for k, v in (content or {}).items() if k not in _SERVER_JOIN_KEYS}
-        event_content["membership"] = "join"
         if requester.is_guest:
             guest_access = await self.current_state_content(room_id, EventTypes.GUEST_ACCESS, "")
             if guest_access is None or guest_access[1].get("guest_access") != "can_join":
@@ -384,6 +438,13 @@ class RoomService:
     async def leave(self, requester: Requester, room_id: str) -> None:
         if await self.membership(room_id, requester.user_id) in (None, "leave"):
             raise ForbiddenError(f"user {requester.user_id} is not in room {room_id}")
+        remote = await self._remote_servers_for(room_id, requester.user_id, [])
+        if remote:
+            # An invite or knock from a room this server is not in: rejected through
+            # a server that is.
+            assert self.remote is not None
+            await self.remote.leave(requester.user_id, room_id, remote, {"membership": "leave"})
+            return
         await self.writer.send(
             room_id,
             requester.user_id,

@@ -372,8 +372,25 @@ class EventPersister:
         *,
         backfilled: bool = False,
         local: bool = False,
+        as_outliers: Set[str] = frozenset(),
+        state_before: Mapping[str, StateMap] | None = None,
     ) -> list[PersistedEvent]:
-        """Persist events of any rooms, in any order; results follow the input order."""
+        """Persist events of any rooms, in any order; results follow the input order.
+
+        What a server joining a room over federation is given (see
+        :mod:`roomstream.federation`) is stored with the last two:
+
+        - ``as_outliers``: events stored as outliers whatever their prev events (the state
+          and auth chain a resident server sent): checked against their own auth events
+          only, never given state, never extremities nor current state;
+        - ``state_before``: event ID -> the state before that event, for events whose prev
+          events this server does not have (the join event, whose state the resident
+          server vouched for; a gap's far side). Such an event is checked against that
+          state and, if accepted, becomes a forward extremity; it is never soft-failed
+          (the state given is the room's as far as this server can know). Every event the
+          given state names must be stored or in the batch.
+        """
+        given = dict(state_before or {})
         by_room: dict[str, list[Event]] = defaultdict(list)
         for event in events:
             by_room[event.room_id].append(event)
@@ -391,7 +408,14 @@ class EventPersister:
                 ]
             async with self.room_lock(room_id):
                 waiting = [
-                    await self.prepare_room_locked(room_id, part, backfilled, local)
+                    await self.prepare_room_locked(
+                        room_id,
+                        part,
+                        backfilled,
+                        local,
+                        as_outliers=as_outliers,
+                        state_before=given,
+                    )
                     for part in parts
                 ]
             for future in waiting:
@@ -414,6 +438,8 @@ class EventPersister:
         local: bool,
         *,
         transaction_ids: Mapping[str, TransactionKey] | None = None,
+        as_outliers: Set[str] = frozenset(),
+        state_before: Mapping[str, StateMap] | None = None,
     ) -> asyncio.Future[dict[str, PersistedEvent]]:
         """Decide the fate and state of events of one room and queue them for commit.
 
@@ -466,6 +492,8 @@ class EventPersister:
                 backfilled,
                 local,
                 {e.event_id for e in revisits},
+                as_outliers,
+                state_before or {},
             )
         except BaseException:
             # The chain index may hold part of the batch: reload the room next time.
@@ -661,14 +689,18 @@ class EventPersister:
         backfilled: bool,
         local: bool,
         revisits: Set[str] = frozenset(),
+        as_outliers: Set[str] = frozenset(),
+        given_states: Mapping[str, StateMap] | None = None,
     ) -> tuple[list[_Context], dict[str, GroupRef] | None, tuple[GroupRef, StateMap] | None]:
         """Decide each event's fate and state, in order, as if persisted one by one.
 
         Returns the contexts, and the room's new forward extremities and current state
         (None when unchanged). Backfilled events never change either. ``revisits`` are
         stored outliers decided again: those that still lack state are left as stored
-        (no context), the others are decided as if received now.
+        (no context), the others are decided as if received now. ``as_outliers`` and
+        ``given_states``: see :meth:`persist_events`.
         """
+        given_states = given_states or {}
         contexts: dict[str, _Context] = {}
         ids = [e.event_id for e in events]
         referenced = {p for e in events for p in e.prev_event_ids} | {
@@ -749,8 +781,15 @@ class EventPersister:
                     prev_groups.append(contexts[prev].after)
                 elif prev in known_groups:
                     prev_groups.append(known_groups[prev][1])
-            if event.type == EventTypes.CREATE and not prevs:
-                state_before: StateMap = {}
+            given = given_states.get(event.event_id)
+            if event.event_id in as_outliers:
+                ctx.outlier = True
+                continue
+            if given is not None:
+                state_before: StateMap = dict(given)
+                ctx.before = PendingGroup(None, dict(state_before), {}, state_before)
+            elif event.type == EventTypes.CREATE and not prevs:
+                state_before = {}
             elif not prevs or len(prev_groups) < len(prevs):
                 ctx.outlier = True
                 continue
@@ -770,6 +809,7 @@ class EventPersister:
                 ctx.rejected_reason is None
                 and not local
                 and not backfilled
+                and given is None
                 and state_before is not current
             ):
                 reason = await self._auth_against(room, event, current, contexts, passed_with)

@@ -245,6 +245,23 @@ class EventStore:
         )
         return None if row is None else row[0]
 
+    async def joined_servers(self, room_id: str) -> set[str]:
+        """The servers with a joined member in the room's current state (the servers
+        "in the room", to which its events go and which may ask about it)."""
+        rows = await self.db.run_interaction(
+            "joined_servers",
+            lambda t: t.query(
+                "SELECT state_key FROM current_state_events"
+                " WHERE room_id = ? AND type = 'm.room.member' AND membership = 'join'",
+                (room_id,),
+            ),
+        )
+        return {str(r[0]).partition(":")[2] for r in rows}
+
+    async def server_in_room(self, room_id: str, server_name: str) -> bool:
+        """Whether a user of ``server_name`` is joined to the room (current state)."""
+        return server_name in await self.joined_servers(room_id)
+
     async def get_rooms_for_user(self, user_id: str, membership: str = "join") -> list[str]:
         rows = await self.db.run_interaction(
             "get_rooms_for_user",
