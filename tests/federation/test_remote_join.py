@@ -15,8 +15,9 @@ import pytest
 from signedjson.types import SigningKey
 
 from roomstream.config import DatabaseConfig
-from roomstream.errors import ForbiddenError, RemoteServerError
-from roomstream.events.signing import key_id, load_or_create_signing_key
+from roomstream.errors import AuthError, ForbiddenError, RemoteServerError
+from roomstream.events.room_versions import room_version
+from roomstream.events.signing import key_id, load_or_create_signing_key, sign_event
 from roomstream.events.types import EventTypes
 from roomstream.federation.remote_rooms import RemoteRoomsClient
 from roomstream.reading import read_side_participants
@@ -218,3 +219,70 @@ async def test_remote_alias_resolves_through_its_server(
 
     room_id, via = await _client(engine_b, Directory()).resolve_alias("#hall:a.test")
     assert (room_id, via) == ("!r:a.test", [A, "c.test"])
+
+
+class Invitee:
+    """The invitee's server's answer to ``/invite`` v2: the event signed by it too
+    (or, with ``sign=False``, unsigned: a server that never heard of it)."""
+
+    def __init__(self, engine: RoomEngine, *, sign: bool = True) -> None:
+        self.engine = engine
+        self.sign = sign
+        self.received: list[dict[str, Any]] = []
+
+    async def request(
+        self, method: str, destination: str, path: str, *, content: Any = None, **_: Any
+    ) -> Any:
+        assert (method, destination) == ("PUT", self.engine.server_name)
+        assert path.startswith("/_matrix/federation/v2/invite/")
+        self.received.append(content)
+        event = dict(content["event"])
+        if self.sign:
+            version = room_version(content["room_version"])
+            sign_event(event, destination, self.engine.creator.signing_key, room_version=version)
+        return {"event": event}
+
+
+async def test_an_invite_reaches_the_invitees_server_before_it_is_stored(
+    servers: tuple[RoomEngine, RoomEngine],
+) -> None:
+    engine_a, engine_b = servers
+    room_id = await _room(engine_a, RoomPreset.PRIVATE_CHAT)
+    invitee = Invitee(engine_b)
+    engine_a.creator.remote_invite = _client(engine_a, invitee).invite
+    created = await engine_a.creator.create_event(
+        room_id, ALICE, EventTypes.MEMBER, {"membership": "invite"}, state_key=BOB
+    )
+    [given] = invitee.received
+    assert given["room_version"] == "12"
+    shown = {(s["type"], s["state_key"]) for s in given["invite_room_state"]}
+    assert (EventTypes.CREATE, "") in shown and (EventTypes.JOIN_RULES, "") in shown
+    assert (EventTypes.MEMBER, ALICE) in shown
+    assert await engine_a.store.get_membership(room_id, BOB) == "invite"
+    stored = await engine_a.store.get_event(created.event.event_id)
+    assert stored is not None and B in stored.data["signatures"]
+
+
+async def test_an_invite_the_invitees_server_did_not_sign_is_not_stored(
+    servers: tuple[RoomEngine, RoomEngine],
+) -> None:
+    engine_a, engine_b = servers
+    room_id = await _room(engine_a, RoomPreset.PRIVATE_CHAT)
+    engine_a.creator.remote_invite = _client(engine_a, Invitee(engine_b, sign=False)).invite
+    with pytest.raises(RemoteServerError):
+        await engine_a.creator.create_event(
+            room_id, ALICE, EventTypes.MEMBER, {"membership": "invite"}, state_key=BOB
+        )
+    assert await engine_a.store.get_membership(room_id, BOB) is None
+
+
+async def test_without_federation_a_remote_invite_is_refused(
+    servers: tuple[RoomEngine, RoomEngine],
+) -> None:
+    engine_a, _ = servers
+    room_id = await _room(engine_a, RoomPreset.PRIVATE_CHAT)
+    with pytest.raises(AuthError):
+        await engine_a.creator.create_event(
+            room_id, ALICE, EventTypes.MEMBER, {"membership": "invite"}, state_key=BOB
+        )
+    assert await engine_a.store.get_membership(room_id, BOB) is None

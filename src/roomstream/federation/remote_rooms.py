@@ -35,6 +35,7 @@ from roomstream.errors import (
 from roomstream.events.format import build_event_dict, finalise_local_event, parse_pdu
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, room_version
+from roomstream.events.signing import verify_event_signature
 from roomstream.events.types import EventTypes
 from roomstream.grammar import is_room_id_to_look_up, is_server_name
 from roomstream.rooms.engine import RoomEngine
@@ -122,6 +123,38 @@ class RemoteRoomsClient:
         if last is None:
             raise NotFoundError(f"no server to join {room_id} through")
         raise last
+
+    # -- invites -----------------------------------------------------------------------
+
+    async def invite(self, event: Event, invite_room_state: list[dict[str, Any]]) -> Event:
+        """Give an invite to the invitee's server (``/invite`` v2) and return the event as
+        it came back, signed by that server too (the creator's ``remote_invite``): the
+        same event (its ID covers everything but signatures), with a valid signature of
+        that server (the proof the room's other servers get that it heard of it)."""
+        server = str(event.state_key).partition(":")[2]
+        answer = await self.client.request(
+            "PUT",
+            server,
+            f"/_matrix/federation/v2/invite/{_quote(event.room_id)}/{_quote(event.event_id)}",
+            content={
+                "event": event.data,
+                "room_version": event.room_version.identifier,
+                "invite_room_state": invite_room_state,
+            },
+        )
+        signed = answer.get("event") if isinstance(answer, dict) else None
+        if not isinstance(signed, dict):
+            raise RemoteServerError(f"{server} answered the invite without the event")
+        returned = parse_pdu(orjson.dumps(signed), event.room_version)
+        if returned.event_id != event.event_id:
+            raise RemoteServerError(f"{server} answered the invite with another event")
+        keys = (await self.engine.keys.verify_keys({server})).get(server, {})
+        if not any(
+            verify_event_signature(returned.data, server, key, room_version=event.room_version)
+            for key in keys.values()
+        ):
+            raise RemoteServerError(f"{server} did not sign the invite of its user")
+        return returned
 
     async def leave(
         self, user_id: str, room_id: str, servers: Sequence[str], content: Mapping[str, Any]

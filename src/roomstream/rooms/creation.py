@@ -43,6 +43,21 @@ PROFILE_MEMBERSHIPS = frozenset({"join", "invite", "knock"})
 #: A user's profile as membership content keys (``displayname``, ``avatar_url``: the set
 #: ones); ``{}`` for a user with none.
 MemberProfile = Callable[[str], Awaitable[Mapping[str, Any]]]
+#: Gives an invite of another server's user to that server (``/invite`` v2), with the
+#: room's stripped state for the invitee; returns the event as that server signed it too.
+RemoteInvite = Callable[[Event, list[dict[str, Any]]], Awaitable[Event]]
+
+#: The state an invitee is shown of a room before joining (Synapse's default
+#: ``room_prejoin_state``), plus the inviter's own membership.
+STRIPPED_STATE_KEYS: tuple[StateKey, ...] = (
+    (EventTypes.CREATE, ""),
+    (EventTypes.JOIN_RULES, ""),
+    ("m.room.canonical_alias", ""),
+    ("m.room.avatar", ""),
+    ("m.room.encryption", ""),
+    ("m.room.name", ""),
+    ("m.room.topic", ""),
+)
 
 
 class RoomPreset(Enum):
@@ -68,6 +83,10 @@ class LocalEventCreator:
         #: Where new membership events find their target's profile (the accounts' profile
         #: store, set by the Client-Server API when it is assembled); None: no profiles.
         self.member_profile: MemberProfile | None = None
+        #: How an invite of another server's user reaches that server before it is
+        #: stored (federation, set by the process assembly); None: such invites are
+        #: refused (403), as this server could not deliver them.
+        self.remote_invite: RemoteInvite | None = None
 
     async def create_event(
         self,
@@ -131,16 +150,54 @@ class LocalEventCreator:
             check_auth_rules(event, auth_map)
             if event.type == EventTypes.REDACTION:
                 await self._check_redaction(event, auth_map)
-            committed = await persister.prepare_room_locked(
-                room_id,
-                [event],
-                backfilled=False,
-                local=True,
-                transaction_ids=None if transaction is None else {event.event_id: transaction},
-            )
+            remote_invitee = _remote_invitee(event, self.server_name)
+            if remote_invitee:
+                stripped = await self._stripped_state(current, sender)
+            else:
+                committed = await persister.prepare_room_locked(
+                    room_id,
+                    [event],
+                    backfilled=False,
+                    local=True,
+                    transaction_ids=None if transaction is None else {event.event_id: transaction},
+                )
+        if remote_invitee:
+            # Outside the room's lock: the invitee's server may take its time. The event
+            # then arrives like one received (checked against the room's state of then).
+            return await self._invite_remote(event, stripped)
         # The next event of the room can be built while this one commits.
         results = await committed
         return CreatedEvent(event, _only(results, event).stream_ordering)
+
+    async def _stripped_state(
+        self, current: Mapping[StateKey, str], inviter: str
+    ) -> list[dict[str, Any]]:
+        keys = [*STRIPPED_STATE_KEYS, (EventTypes.MEMBER, inviter)]
+        found = await self.persister.get_events(current[k] for k in keys if k in current)
+        return [
+            {
+                "type": e.type,
+                "state_key": e.state_key,
+                "content": dict(e.content),
+                "sender": e.sender,
+            }
+            for e in found.values()
+        ]
+
+    async def _invite_remote(self, event: Event, stripped: list[dict[str, Any]]) -> CreatedEvent:
+        if self.remote_invite is None:
+            raise AuthError(
+                f"{event.state_key} is on another server and this one has no federation"
+            )
+        signed = await self.remote_invite(event, stripped)
+        if signed.event_id != event.event_id or signed.content != event.content:
+            raise AuthError(f"{event.state_key}'s server answered the invite with another event")
+        [result] = await self.persister.persist_events([signed])
+        if result.rejected_reason is not None or result.soft_failed:
+            raise AuthError(
+                f"the invite no longer passes the room's rules: {result.rejected_reason}"
+            )
+        return CreatedEvent(signed, result.stream_ordering)
 
     async def _with_profile(
         self, event_type: str, state_key: str | None, content: Mapping[str, Any]
@@ -280,6 +337,16 @@ class LocalEventCreator:
                 )
             )
         return room_id, created
+
+
+def _remote_invitee(event: Event, server_name: str) -> bool:
+    """Whether ``event`` invites a user of another server (who must hear of it first)."""
+    return (
+        event.type == EventTypes.MEMBER
+        and event.content.get("membership") == "invite"
+        and event.state_key is not None
+        and not event.state_key.endswith(":" + server_name)
+    )
 
 
 def _only(results: Mapping[str, PersistedEvent], event: Event) -> PersistedEvent:
