@@ -75,6 +75,8 @@ Example (every key optional)::
       request_timeout: 60          # seconds for one outbound request
       key_validity_period: 3600    # seconds our /_matrix/key/v2/server answer is valid for
       old_signing_keys: {}         # retired keys: {KEY_ID: {key: BASE64, expired_ts: MS}}
+      rate_limit_per_second: 50    # requests per origin server, on average
+      rate_limit_burst: 200        # and at once; more: 429 M_LIMIT_EXCEEDED
 """
 
 from __future__ import annotations
@@ -261,6 +263,10 @@ class FederationConfig:
     request_timeout: float = 60.0
     #: Seconds ahead our own key answer's ``valid_until_ts`` lies.
     key_validity_period: float = 3600.0
+    #: Requests one origin may make per second on average (authenticated requests)...
+    rate_limit_per_second: float = 50.0
+    #: ... and at once (a token bucket's size); more are 429 M_LIMIT_EXCEEDED.
+    rate_limit_burst: int = 200
     #: Keys this server signed with before (Synapse's ``old_signing_keys``): key ID ->
     #: ``{key: <base64 verify key>, expired_ts: <ms>}``, served in ``old_verify_keys``.
     old_signing_keys: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -415,6 +421,8 @@ _POSITIVE = frozenset(
         "process_expiry",
         "request_timeout",
         "key_validity_period",
+        "rate_limit_per_second",
+        "rate_limit_burst",
     }
 )
 

@@ -40,7 +40,7 @@ from rich.console import Console
 from roomstream import metrics
 from roomstream.client import ClientProcess, build_client_api
 from roomstream.config import Config, ConfigError, HttpConfig
-from roomstream.federation.auth import Authenticate, make_authenticator
+from roomstream.federation.auth import Authenticate, OriginRateLimiter, make_authenticator
 from roomstream.federation.client import FederationClient
 from roomstream.federation.key_routes import install_key_routes
 from roomstream.federation.keyring import Keyring, OldSigningKey
@@ -144,7 +144,13 @@ class FederationTransport:
             key_validity_ms=int(federation.key_validity_period * 1000),
         )
         engine.keys.fetcher = self.keyring.fetch
-        self.authenticate: Authenticate = make_authenticator(config.server_name, self.keyring)
+        self.authenticate: Authenticate = make_authenticator(
+            config.server_name,
+            self.keyring,
+            limiter=OriginRateLimiter(
+                federation.rate_limit_per_second, federation.rate_limit_burst
+            ),
+        )
 
     async def close(self) -> None:
         await self.client.close()

@@ -275,3 +275,18 @@ async def test_certificates_are_verified(tmp_path: Path, ca: TestCertificateAuth
                 await client.request("GET", a.name, "/_matrix/key/v2/server")
         finally:
             await client.close()
+
+
+async def test_per_origin_rate_limit(tmp_path: Path, ca: TestCertificateAuthority) -> None:
+    limit = {"rate_limit_burst": 2, "rate_limit_per_second": 0.001}
+    async with (
+        federation_server(tmp_path, ca, label="a") as a,
+        federation_server(tmp_path, ca, label="b", federation=limit) as b,
+    ):
+        for _ in range(2):
+            assert await a.transport.client.request("GET", b.name, ECHO_PATH + "/r")
+        with pytest.raises(FederationRequestError) as info:
+            await a.transport.client.request("GET", b.name, ECHO_PATH + "/r")
+        assert (info.value.status, info.value.errcode) == (429, "M_LIMIT_EXCEEDED")
+        # The key routes are not authenticated, so not limited.
+        assert await a.transport.client.request("GET", b.name, "/_matrix/key/v2/server")
