@@ -49,7 +49,12 @@ from roomstream.errors import (
 )
 from roomstream.events.signing import SigningKey
 from roomstream.federation import xmatrix
-from roomstream.federation.discovery import ServerDiscovery, Target, WellKnownAnswer
+from roomstream.federation.discovery import (
+    MAX_WELL_KNOWN_BYTES,
+    ServerDiscovery,
+    Target,
+    WellKnownAnswer,
+)
 
 __all__ = ["BlacklistingResolver", "FederationClient", "IpRangeBlacklist"]
 
@@ -61,6 +66,7 @@ ALWAYS_REFUSED = ("0.0.0.0/32", "::/128")
 #: caller encoded already).
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"
 WELL_KNOWN_TIMEOUT = 10.0
+MAX_WELL_KNOWN_REDIRECTS = 5
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -111,6 +117,14 @@ class BlacklistingResolver(AbstractResolver):
         await self.inner.close()
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
 def tls_client_context(config: FederationConfig) -> ssl.SSLContext:
     """The TLS context of outbound connections (module doc)."""
     context = ssl.create_default_context()
@@ -157,6 +171,8 @@ class FederationClient:
         self.blacklist = IpRangeBlacklist(config.ip_range_blacklist)
         self.discovery = discovery or ServerDiscovery(self._fetch_well_known, clock)
         self._resolver = resolver
+        #: The port well-known lookups go to (443; tests change it).
+        self.well_known_port = 443
         self._ssl = tls_client_context(config)
         self._session: aiohttp.ClientSession | None = None
 
@@ -181,21 +197,33 @@ class FederationClient:
             )
 
     async def _fetch_well_known(self, hostname: str) -> WellKnownAnswer:
-        target = Target(hostname, 443, hostname)
+        """``https://hostname/.well-known/matrix/server``, following up to
+        :data:`MAX_WELL_KNOWN_REDIRECTS` redirects by hand: aiohttp hands the hosts of
+        redirects that are IP literals to no resolver, so each hop is checked here."""
+        url = URL(f"https://{hostname}:{self.well_known_port}/.well-known/matrix/server")
         try:
-            self._check_literal(hostname, target)
-            async with self._http().get(
-                target.url("/.well-known/matrix/server"),
-                timeout=aiohttp.ClientTimeout(total=WELL_KNOWN_TIMEOUT),
-                max_redirects=5,
-            ) as response:
-                body = await response.content.read(64 * 1024)
-                return WellKnownAnswer(
-                    body if response.status == 200 else None, dict(response.headers)
-                )
+            for _hop in range(MAX_WELL_KNOWN_REDIRECTS + 1):
+                host = url.host or ""
+                if _is_ip(host) and self.blacklist.refuses(host):
+                    raise FederationDestinationRefusedError(hostname, f"{host} is refused")
+                async with self._http().get(
+                    url,
+                    timeout=aiohttp.ClientTimeout(total=WELL_KNOWN_TIMEOUT),
+                    allow_redirects=False,
+                ) as response:
+                    location = response.headers.get("Location")
+                    if response.status in (301, 302, 303, 307, 308) and location:
+                        url = url.join(URL(location))
+                        if url.scheme != "https":
+                            break
+                        continue
+                    body = await response.content.read(MAX_WELL_KNOWN_BYTES + 1)
+                    return WellKnownAnswer(
+                        body if response.status == 200 else None, dict(response.headers)
+                    )
         except (aiohttp.ClientError, OSError, TimeoutError, FederationUnreachableError) as exc:
             logger.debug("no well-known for %s: %s", hostname, exc)
-            return WellKnownAnswer(None, {})
+        return WellKnownAnswer(None, {})
 
     async def request(
         self,
