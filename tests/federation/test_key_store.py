@@ -11,7 +11,12 @@ from signedjson.key import generate_signing_key
 from signedjson.sign import sign_json
 
 from roomstream.federation.client import IpRangeBlacklist
-from roomstream.federation.keyring import InvalidKeyResponseError, check_key_response
+from roomstream.federation.keyring import (
+    InvalidKeyResponseError,
+    Keyring,
+    OldSigningKey,
+    check_key_response,
+)
 from roomstream.rooms.keys import FetchedKey, KeyNeed, ServerKeyStore, keys_valid_at
 from roomstream.storage import Database
 from tests.support.rooms import verify_key_base64
@@ -144,3 +149,49 @@ def test_key_answer_checks() -> None:
         with pytest.raises(InvalidKeyResponseError):
             check_key_response(doc, server, now_ms=0)
             pytest.fail(name)
+
+
+class _SynapseStore:
+    def __init__(self) -> None:
+        self.stored: list[object] = []
+
+    async def store_server_keys_response(self, *args: object, **kwargs: object) -> None:
+        self.stored.append((args, kwargs))
+
+
+class _SynapseFetcher:
+    """What Synapse's ``BaseV2KeyFetcher.process_v2_response`` reads of its fetcher."""
+
+    def __init__(self) -> None:
+        self.store = _SynapseStore()
+
+
+async def test_synapse_accepts_our_key_answers(database: Database) -> None:
+    """Synapse's own parsing of a key answer takes ours: the current key, and the old
+    key with its expired_ts as its validity."""
+    from synapse.crypto.keyring import BaseV2KeyFetcher
+
+    async def no_requests(*args: object, **kwargs: object) -> None:
+        raise AssertionError("nothing to fetch")
+
+    keyring = Keyring(
+        ServerKeyStore(database),
+        "us.test",
+        KEY,
+        no_requests,
+        old_signing_keys=[OldSigningKey("ed25519:k0", OLD_B64, 500)],
+    )
+    ours = keyring.own_keys()
+    fetcher = _SynapseFetcher()
+    results = await BaseV2KeyFetcher.process_v2_response(
+        fetcher,  # type: ignore[arg-type]
+        "us.test",
+        ours,
+        0,
+    )
+    assert results["ed25519:k1"].valid_until_ts == ours["valid_until_ts"]
+    assert results["ed25519:k0"].valid_until_ts == 500
+    # And a notary answer of ours (our signature added) is still the origin's answer.
+    notary = await keyring.notary_query({"us.test": {}})
+    (doc,) = notary["server_keys"]
+    assert await BaseV2KeyFetcher.process_v2_response(fetcher, "us.test", doc, 0)  # type: ignore[arg-type]
