@@ -72,10 +72,16 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "WrongWriterError": (421, "IO.ROOMSTREAM.WRONG_WRITER"),
     "InternalServerError": (500, "M_UNKNOWN"),
     "ServiceUnavailableError": (503, "M_UNAVAILABLE"),
+    "FederationUnauthorizedError": (401, "M_UNAUTHORIZED"),
 }
 
 #: Named errors built with more than a message (tested on their own below).
-_SPECIAL = {"UnknownRoomError"}
+_SPECIAL = {
+    "UnknownRoomError",
+    # (destination, message): tests/federation/test_fed_errors.py
+    "FederationUnreachableError",
+    "FederationDestinationRefusedError",
+}
 #: Abstract: only their subclasses are raised.
 _ABSTRACT = {"NamedError", "BadEventError"}
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -297,6 +299,39 @@ async def cmd_import(config: Config, args: argparse.Namespace) -> int:
     )
 
 
+def _gen_cert(config: Config, args: argparse.Namespace) -> int:
+    from roomstream.federation.certs import self_signed
+
+    server_name = args.server_name or config.server_name
+    stem = Path(config.data_dir) / server_name.replace(":", "_")
+    cert_path = Path(args.cert or f"{stem}.tls.crt")
+    key_path = Path(args.key or f"{stem}.tls.key")
+    existing = [str(p) for p in (cert_path, key_path) if p.exists()]
+    if existing and not args.force:
+        console.print(f"[red]error:[/red] {', '.join(existing)} exists (--force replaces it)")
+        return 2
+    pair = self_signed(server_name, args.days)
+    for path in (cert_path, key_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    # The key is never readable by others, not even for a moment.
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pair.private_key_pem)
+    cert_path.write_bytes(pair.certificate_pem)
+    console.print(
+        f"wrote {cert_path} and {key_path} (self-signed for {server_name}, {args.days} days);"
+        " set federation.tls_certificate_path and federation.tls_private_key_path to them",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
+async def cmd_gen_cert(config: Config, args: argparse.Namespace) -> int:
+    """Write a self-signed TLS certificate and key for the federation listener."""
+    return _gen_cert(config, args)
+
+
 COMMANDS: dict[str, tuple[Command, str]] = {
     "run": (cmd_run, "set up the database and run this instance until interrupted"),
     "migrate": (cmd_migrate, "apply schema migrations (and the backfills they need) and exit"),
@@ -310,6 +345,7 @@ COMMANDS: dict[str, tuple[Command, str]] = {
     "generate": (cmd_generate, "write a generated corpus of signed PDUs (JSON lines)"),
     "import": (cmd_import, "bulk-import a file of PDUs (JSON lines) with Spark"),
     "keys": (cmd_keys, "add or list the servers' verify keys received events are checked with"),
+    "gen-cert": (cmd_gen_cert, "write a self-signed TLS certificate for federation (development)"),
 }
 
 
@@ -414,6 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
             imp = keys_sub.add_parser("import", help="trust every key in a keys file")
             imp.add_argument("file", help="JSON: {server: {key ID: base64 key}}")
             keys_sub.add_parser("list", help="show the keys events are checked with")
+        if name == "gen-cert":
+            p.add_argument("--server-name", help="(default: the configured server_name)")
+            p.add_argument("--cert", help="certificate file (default: DATA_DIR/NAME.tls.crt)")
+            p.add_argument("--key", help="private key file (default: DATA_DIR/NAME.tls.key)")
+            p.add_argument("--days", type=_positive_int, default=365, help="validity")
+            p.add_argument("--force", action="store_true", help="replace existing files")
         if name == "views":
             p.add_argument("--master", default="local[2]", help="Spark master URL")
             p.add_argument("--rebuild", action="store_true", help="rebuild from scratch (batch)")

@@ -61,6 +61,22 @@ Example (every key optional)::
       sync_timeout: 30             # not syncing nor active this long: offline
       last_active_granularity: 60  # currently_active this long after activity
       process_expiry: 300          # a silent process's syncing users time out after this
+    federation:                    # the Server-Server API (docs/federation.md, "Transport")
+      port: null                   # the TLS federation listener (null: none)
+      instance: main               # the instance that runs it
+      bind_host: 127.0.0.1         # where it listens (loopback unless set)
+      tls_certificate_path: null   # PEM; required with port (`roomstream gen-cert`)
+      tls_private_key_path: null
+      verify_certificates: true    # check other servers' TLS certificates
+      ca_certificates_path: null   # PEM bundle trusted besides the system's (tests, dev)
+      ip_range_blacklist: [...]    # addresses never connected to (Synapse's default list:
+                                   # loopback, private, link-local...); [] allows all
+      trusted_key_servers: []      # notaries: [{server_name: x, verify_keys: {id: key}}]
+      request_timeout: 60          # seconds for one outbound request
+      key_validity_period: 3600    # seconds our /_matrix/key/v2/server answer is valid for
+      old_signing_keys: {}         # retired keys: {KEY_ID: {key: BASE64, expired_ts: MS}}
+      rate_limit_per_second: 50    # requests per origin server, on average
+      rate_limit_burst: 200        # and at once; more: 429 M_LIMIT_EXCEEDED
 """
 
 from __future__ import annotations
@@ -188,6 +204,74 @@ class PresenceConfig:
     process_expiry: float = 300.0
 
 
+#: Addresses never connected to by federation unless configured otherwise (Synapse's
+#: ``DEFAULT_IP_RANGE_BLOCKLIST``); ``0.0.0.0`` and ``::`` are refused whatever is set.
+DEFAULT_IP_RANGE_BLACKLIST: tuple[str, ...] = (
+    "127.0.0.0/8",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "192.0.0.0/24",
+    "169.254.0.0/16",
+    "192.88.99.0/24",
+    "198.18.0.0/15",
+    "192.0.2.0/24",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "224.0.0.0/4",
+    "::1/128",
+    "fe80::/10",
+    "fc00::/7",
+    "2001:db8::/32",
+    "ff00::/8",
+    "fec0::/10",
+)
+
+
+@dataclass(frozen=True)
+class TrustedKeyServer:
+    """A notary asked for other servers' keys (``POST /_matrix/key/v2/query``)."""
+
+    server_name: str
+    #: Key ID -> unpadded base64 ed25519 key; the notary's answers must carry a
+    #: signature by one of them. Empty: its answers are taken on the TLS connection's
+    #: word (each server's own self-signature is still checked).
+    verify_keys: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """The Server-Server API (:mod:`roomstream.federation`): its listener and how this
+    server reaches and trusts others."""
+
+    #: The TLS federation listener's port; None: no federation listener.
+    port: int | None = None
+    #: The instance that runs the federation listener.
+    instance: str = "main"
+    bind_host: str = "127.0.0.1"
+    tls_certificate_path: str | None = None
+    tls_private_key_path: str | None = None
+    #: Verify other servers' certificates (off only for development).
+    verify_certificates: bool = True
+    #: A PEM bundle of CA certificates trusted besides the system's.
+    ca_certificates_path: str | None = None
+    #: Networks (CIDR or single addresses) outbound requests never connect to.
+    ip_range_blacklist: tuple[str, ...] = DEFAULT_IP_RANGE_BLACKLIST
+    trusted_key_servers: tuple[TrustedKeyServer, ...] = ()
+    #: Seconds one outbound request may take (connection and answer).
+    request_timeout: float = 60.0
+    #: Seconds ahead our own key answer's ``valid_until_ts`` lies.
+    key_validity_period: float = 3600.0
+    #: Requests one origin may make per second on average (authenticated requests)...
+    rate_limit_per_second: float = 50.0
+    #: ... and at once (a token bucket's size); more are 429 M_LIMIT_EXCEEDED.
+    rate_limit_burst: int = 200
+    #: Keys this server signed with before (Synapse's ``old_signing_keys``): key ID ->
+    #: ``{key: <base64 verify key>, expired_ts: <ms>}``, served in ``old_verify_keys``.
+    old_signing_keys: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class RedisConfig:
     host: str = "127.0.0.1"
@@ -209,6 +293,7 @@ class Config:
     caches: CachesConfig = field(default_factory=CachesConfig)
     media: MediaConfig = field(default_factory=MediaConfig)
     presence: PresenceConfig = field(default_factory=PresenceConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
     enable_registration: bool = True
     #: The Client-Server API's public base URL (``http(s)://host[:port][/path]/``, always
     #: with a trailing slash); None: this instance's own client listener.
@@ -334,6 +419,10 @@ _POSITIVE = frozenset(
         "sync_timeout",
         "last_active_granularity",
         "process_expiry",
+        "request_timeout",
+        "key_validity_period",
+        "rate_limit_per_second",
+        "rate_limit_burst",
     }
 )
 
@@ -455,6 +544,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
     media = _media_section(raw.get("media"), problems)
     problems.extend(_cache_size_problems(caches, raw.get("caches") or {}))
     presence = _section(PresenceConfig, raw.get("presence"), "presence", problems)
+    federation = _federation_section(raw.get("federation"), problems)
     enable_registration = raw.get("enable_registration", True)
     if not isinstance(enable_registration, bool):
         problems.append(f"enable_registration must be true or false, not {enable_registration!r}")
@@ -485,6 +575,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         caches=caches,
         media=media,
         presence=presence,
+        federation=federation,
     )
     data_dir_problem = _path_problem(data_dir, directory=True)
     if data_dir_problem and isinstance(raw.get("data_dir", "data"), str):
@@ -512,9 +603,94 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
                 f"stream_writers.{single} must name one instance: {single} has a single writer"
             )
     problems.extend(_listener_problems(instances, replication))
+    if federation.port is not None and federation.instance not in instances:
+        problems.append(
+            f"federation.instance names {federation.instance!r}, which is not among instances"
+            f" ({', '.join(sorted(instances)) or 'none'})"
+        )
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def _federation_section(raw: Any, problems: list[str]) -> FederationConfig:
+    """The ``federation`` section: its lists checked here, the rest by :func:`_section`;
+    with a ``port``, the certificate and key files must be given and readable."""
+    if not isinstance(raw, dict):
+        return _section(FederationConfig, raw, "federation", problems)  # type: ignore[no-any-return]
+    raw = dict(raw)
+    lists: dict[str, Any] = {}
+    blacklist_raw = raw.pop("ip_range_blacklist", None)
+    if blacklist_raw is not None:
+        if not isinstance(blacklist_raw, list):
+            problems.append("federation.ip_range_blacklist must be a list of CIDR ranges")
+        else:
+            good = []
+            for entry in blacklist_raw:
+                try:
+                    ipaddress.ip_network(str(entry), strict=False)
+                except ValueError:
+                    problems.append(
+                        f"federation.ip_range_blacklist: {entry!r} is not an IP range"
+                        " (e.g. 10.0.0.0/8, ::1/128)"
+                    )
+                else:
+                    good.append(str(entry))
+            lists["ip_range_blacklist"] = tuple(good)
+    servers_raw = raw.pop("trusted_key_servers", None)
+    if servers_raw is not None:
+        lists["trusted_key_servers"] = tuple(_trusted_key_servers(servers_raw, problems))
+    federation: FederationConfig = replace(
+        _section(FederationConfig, raw, "federation", problems), **lists
+    )
+    if federation.port is not None:
+        for key in ("tls_certificate_path", "tls_private_key_path"):
+            path = getattr(federation, key)
+            if path is None:
+                problems.append(
+                    f"federation.{key} is required with federation.port"
+                    " (`roomstream gen-cert` makes a self-signed pair for development)"
+                )
+            elif not os.access(path, os.R_OK) or os.path.isdir(path):
+                problems.append(f"federation.{key}: {path} is not a readable file")
+    for kid, old in federation.old_signing_keys.items():
+        if (
+            not isinstance(old, dict)
+            or set(old) != {"key", "expired_ts"}
+            or not isinstance(old["key"], str)
+            or not isinstance(old["expired_ts"], int)
+            or not str(kid).startswith("ed25519:")
+        ):
+            problems.append(
+                f"federation.old_signing_keys.{kid} must be"
+                " {key: BASE64_VERIFY_KEY, expired_ts: MILLISECONDS} under an ed25519: key ID"
+            )
+    ca = federation.ca_certificates_path
+    if ca is not None and (not os.access(ca, os.R_OK) or os.path.isdir(ca)):
+        problems.append(f"federation.ca_certificates_path: {ca} is not a readable file")
+    return federation
+
+
+def _trusted_key_servers(raw: Any, problems: list[str]) -> list[TrustedKeyServer]:
+    shape = "a list of {server_name: NAME, verify_keys: {KEY_ID: BASE64_KEY}}"
+    if not isinstance(raw, list):
+        problems.append(f"federation.trusted_key_servers must be {shape}")
+        return []
+    servers = []
+    for i, entry in enumerate(raw):
+        where = f"federation.trusted_key_servers[{i}]"
+        name = entry.get("server_name") if isinstance(entry, dict) else None
+        keys = entry.get("verify_keys", {}) if isinstance(entry, dict) else None
+        if (
+            not isinstance(name, str)
+            or not isinstance(keys, dict)
+            or set(entry) - {"server_name", "verify_keys"}
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in keys.items())
+        ):
+            problems.append(f"{where} must be {{server_name: NAME, verify_keys: {{KEY_ID: KEY}}}}")
+            continue
+        servers.append(TrustedKeyServer(name, dict(keys)))
+    return servers
 
 
 def _public_baseurl(raw: Any, problems: list[str]) -> str | None:

@@ -444,3 +444,44 @@ class RemoteServerError(NamedError):
 
     HTTP_STATUS = 502
     ERRCODE = Codes.UNKNOWN
+
+
+# Federation transport (fedtransport) -------------------------------------------------------
+
+
+class FederationUnauthorizedError(NamedError):
+    """A federation request whose ``X-Matrix`` authorization is missing, malformed, not
+    for this server or not signed by its origin's key (401 ``M_UNAUTHORIZED``)."""
+
+    HTTP_STATUS = 401
+    ERRCODE = Codes.UNAUTHORIZED
+
+
+class FederationRequestError(MatrixError):
+    """Another homeserver answered a request of ours with an error: its status and
+    errcode (``M_UNKNOWN`` when its body was no Matrix error), and who it was.
+
+    Built from the remote answer (so with an explicit status, as the module docstring
+    allows for errors mapped from elsewhere)."""
+
+    def __init__(self, destination: str, status: int, errcode: str, message: str) -> None:
+        super().__init__(status, errcode, f"{destination}: {message}")
+        self.destination = destination
+        self.status = status
+
+
+class FederationUnreachableError(NamedError):
+    """Another homeserver could not be reached (discovery, connection, TLS, timeout)
+    (502 ``M_UNKNOWN``); ``destination`` names it."""
+
+    HTTP_STATUS = 502
+    ERRCODE = Codes.UNKNOWN
+
+    def __init__(self, destination: str, message: str) -> None:
+        super().__init__(f"{destination}: {message}")
+        self.destination = destination
+
+
+class FederationDestinationRefusedError(FederationUnreachableError):
+    """The destination resolves to an address the ``federation.ip_range_blacklist``
+    refuses (loopback, private ranges...): nothing was sent (502 ``M_UNKNOWN``)."""

@@ -10,7 +10,12 @@ Everything a roomstream process runs is put together here, from the bottom up:
 - the Client-Server API (:class:`~roomstream.client.ClientProcess`), told of replicated
   facts as one of replication's listeners;
 - the listeners (:class:`Homeserver`): the internal API on ``internal_port`` (behind the
-  deployment's secret), the Client-Server API on ``http_port``;
+  deployment's secret), the Client-Server API on ``http_port``, the Server-Server API
+  over TLS on ``federation.port`` (in the ``federation.instance``), whose routes come
+  from :func:`federation_route_installers`;
+- federation's transport (:class:`FederationTransport`: the outbound client, the keyring
+  that also feeds the room engine's key store, the inbound authenticator) in every
+  process of a deployment with federation on;
 - the views streaming job beside the server (:class:`ViewsJob`).
 
 Lower layers receive what they need through their constructors; none of them reaches up.
@@ -34,7 +39,12 @@ from rich.console import Console
 
 from roomstream import metrics
 from roomstream.client import ClientProcess, build_client_api
-from roomstream.config import Config, HttpConfig
+from roomstream.config import Config, ConfigError, HttpConfig
+from roomstream.federation.auth import Authenticate, OriginRateLimiter, make_authenticator
+from roomstream.federation.client import FederationClient
+from roomstream.federation.key_routes import install_key_routes
+from roomstream.federation.keyring import Keyring, OldSigningKey
+from roomstream.federation.listener import RouteInstaller, federation_listener
 from roomstream.httpbase import http_metrics_middleware, matrix_error_middleware
 from roomstream.listener import HttpListener
 from roomstream.lru import configure_sizes
@@ -48,7 +58,14 @@ from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.worker import READY_WAIT, ReplicationNode, start_listener
 from roomstream.rooms.engine import RoomEngine
 
-__all__ = ["Homeserver", "ViewsJob", "open_room_engine", "run_instance"]
+__all__ = [
+    "FederationTransport",
+    "Homeserver",
+    "ViewsJob",
+    "federation_route_installers",
+    "open_room_engine",
+    "run_instance",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +121,52 @@ def client_listener(install: Callable[[web.Application], None], limits: HttpConf
     return HttpListener(app, limits)
 
 
+class FederationTransport:
+    """Federation's transport for one process: the outbound :attr:`client`, the
+    :attr:`keyring` (installed as the room engine's key fetcher, so received events'
+    signatures are checked with keys fetched from their servers), and the inbound
+    :attr:`authenticate`."""
+
+    def __init__(self, config: Config, engine: RoomEngine) -> None:
+        federation = config.federation
+        signing_key = engine.creator.signing_key
+        self.client = FederationClient(config.server_name, signing_key, federation)
+        self.keyring = Keyring(
+            engine.keys,
+            config.server_name,
+            signing_key,
+            self.client.request,
+            trusted_key_servers=federation.trusted_key_servers,
+            old_signing_keys=[
+                OldSigningKey(kid, old["key"], old["expired_ts"])
+                for kid, old in federation.old_signing_keys.items()
+            ],
+            key_validity_ms=int(federation.key_validity_period * 1000),
+        )
+        engine.keys.fetcher = self.keyring.fetch
+        self.authenticate: Authenticate = make_authenticator(
+            config.server_name,
+            self.keyring,
+            limiter=OriginRateLimiter(
+                federation.rate_limit_per_second, federation.rate_limit_burst
+            ),
+        )
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def federation_route_installers(
+    transport: FederationTransport, client: ClientProcess | None
+) -> list[RouteInstaller]:
+    """What the federation listener serves: the extension point where the Server-Server
+    API's parts are put together. Each installer registers its routes on the listener's
+    application; the room routes (``install_room_routes(app, server,
+    transport.authenticate)``) and the query routes (``install_query_routes``) go here
+    beside the key routes."""
+    return [lambda app: install_key_routes(app, transport.keyring)]
+
+
 class Homeserver:
     """One roomstream process for ``config``'s instance, over an opened ``engine``.
 
@@ -132,6 +195,10 @@ class Homeserver:
         self.internal: InternalHttpServer | None = None
         #: The Client-Server API's listener (None without http_port).
         self.client_http: HttpListener | None = None
+        #: Federation's transport (None unless federation.port is set).
+        self.federation: FederationTransport | None = None
+        #: The federation listener (in federation.instance only).
+        self.federation_http: HttpListener | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -173,10 +240,27 @@ class Homeserver:
                 config, "http_port", http_port, lambda: client_http.start(me.host, http_port)
             )
             logger.info("client API listening on %s:%d", me.host, port)
+        federation = config.federation
+        if federation.port is not None:
+            self.federation = transport = FederationTransport(config, self.engine)
+            if config.instance_name == federation.instance:
+                self.federation_http = listener = federation_listener(
+                    federation_route_installers(transport, self.client), federation, config.http
+                )
+                try:
+                    port = await listener.start(federation.bind_host, federation.port)
+                except OSError as exc:
+                    where = f"{federation.bind_host}:{federation.port}"
+                    raise ConfigError(f"federation.port: cannot listen on {where}: {exc}") from None
+                logger.info("federation listening on %s:%d (TLS)", federation.bind_host, port)
 
     async def stop(self) -> None:
         """Stop listening, then replication (which stores and announces the local
         positions), then the Client-Server API's services."""
+        if self.federation_http is not None:
+            await self.federation_http.close()
+        if self.federation is not None:
+            await self.federation.close()
         if self.client_http is not None:
             await self.client_http.close()
         if self.internal is not None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import Counter
 from typing import Any
 
@@ -292,11 +293,14 @@ def quiet_client_protocol_errors() -> None:
 class HttpListener:
     """One aiohttp application on one TCP port (``start``: 0 picks a free one), with the
     connection limits of ``limits`` (timeouts, a per-address cap) and aiohttp's own
-    refusals answered as Matrix JSON (above)."""
+    refusals answered as Matrix JSON (above); over TLS when given an ``ssl_context``."""
 
-    def __init__(self, app: web.Application, limits: HttpConfig) -> None:
+    def __init__(
+        self, app: web.Application, limits: HttpConfig, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.app = app
         self.limits = limits
+        self.ssl_context = ssl_context
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self.port: int | None = None
@@ -308,7 +312,7 @@ class HttpListener:
             self.app, self.limits, access_log=None, shutdown_timeout=SHUTDOWN_GRACE
         )
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port)
+        self._site = web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context)
         await self._site.start()
         server = self._site._server
         assert server is not None

@@ -110,12 +110,12 @@ class RemoteRoomsClient:
                 await self._join_through(server, user_id, room_id, content)
                 return
             except MatrixError as exc:
-                if exc.http_status >= 500:
-                    last = exc
-                elif isinstance(exc, BadEventError):
-                    last = RemoteServerError(f"{server}: {exc.message}")
+                if exc.http_status in (400, 403, 404) and not isinstance(exc, BadEventError):
+                    last = exc  # the server's refusal (or ours of what it sent), as given
                 else:
-                    last = exc
+                    # A bad answer, or one meant for this server (401: our signature),
+                    # not for the client: never a 401 a client would take for its token.
+                    last = RemoteServerError(f"{server}: {exc.message}")
                 logger.info("join of %s through %s failed: %s", room_id, server, exc)
             except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
                 last = RemoteServerError(f"{server}: {exc}")

@@ -38,6 +38,7 @@ TABLE_OWNERS: Mapping[str, str] = {
     "current_state_delta_stream": _PERSIST,
     "event_txn_ids": "roomstream.rooms.transaction_ids",
     "server_verify_keys": "roomstream.rooms.keys",
+    "server_key_responses": "roomstream.rooms.keys",
     # State groups.
     "state_groups": "roomstream.state.groups",
     "state_branches": "roomstream.state.groups",
