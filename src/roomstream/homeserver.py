@@ -45,6 +45,7 @@ from roomstream.federation.client import FederationClient
 from roomstream.federation.key_routes import install_key_routes
 from roomstream.federation.keyring import Keyring, OldSigningKey
 from roomstream.federation.listener import RouteInstaller, federation_listener
+from roomstream.federation.remote_rooms import RemoteRoomsClient
 from roomstream.httpbase import http_metrics_middleware, matrix_error_middleware
 from roomstream.listener import HttpListener
 from roomstream.lru import configure_sizes
@@ -205,6 +206,15 @@ class Homeserver:
         me = config.instance()
         node = self.replication
         await node.start()
+        federation = config.federation
+        remote_rooms: RemoteRoomsClient | None = None
+        if federation.port is not None:
+            self.federation = transport = FederationTransport(config, self.engine)
+            remote_rooms = RemoteRoomsClient(
+                self.engine, self.engine.creator.signing_key, transport.client
+            )
+            # Invites of other servers' users reach their server before they are stored.
+            self.engine.creator.remote_invite = remote_rooms.invite
         if me.http_port is not None or me.internal_port is not None:
             self.client = build_client_api(
                 config,
@@ -215,6 +225,7 @@ class Homeserver:
                 invalidations_live=lambda: node.stream_live("caches"),
                 send_command=node.send_command,
                 stream_live=node.stream_live,
+                remote_rooms=remote_rooms,
             )
             node.listeners.append(self.client)
             presence_writer = self.client.presence.writer
@@ -240,9 +251,8 @@ class Homeserver:
                 config, "http_port", http_port, lambda: client_http.start(me.host, http_port)
             )
             logger.info("client API listening on %s:%d", me.host, port)
-        federation = config.federation
-        if federation.port is not None:
-            self.federation = transport = FederationTransport(config, self.engine)
+        if self.federation is not None and federation.port is not None:
+            transport = self.federation
             if config.instance_name == federation.instance:
                 self.federation_http = listener = federation_listener(
                     federation_route_installers(transport, self.client), federation, config.http
