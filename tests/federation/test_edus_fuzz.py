@@ -6,6 +6,7 @@ that record; every room counts as one the origin is in, so the checks past it ru
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roomstream.client.presence import UserPresence
-from roomstream.federation.edus import FederationEdus
+from roomstream.client.typing import TypingState, TypingWriter
+from roomstream.federation.edus import FEDERATION_TYPING_TIMEOUT_MS, FederationEdus
 from roomstream.federation.membership import server_of
 from roomstream.federation.remote_devices import DeviceListUpdate
 
@@ -175,3 +177,45 @@ def test_a_failing_service_is_logged_not_raised() -> None:
     edus._set_typing = broken
     content = {"room_id": "!r:x", "user_id": f"@bob:{ORIGIN}", "typing": True}
     asyncio.run(edus.on_edu(ORIGIN, "m.typing", content))
+
+
+class FakeTime:
+    """A clock and ``call_later`` driven by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Any) -> Any:
+        return asyncio.get_running_loop().call_later(3600, callback)  # fired by hand
+
+
+def test_remote_typing_times_out_after_the_federation_timeout() -> None:
+    """Bob's server says he types and then nothing: he stops typing 60 s later (Synapse's
+    ``FEDERATION_TIMEOUT``), not before."""
+    time = FakeTime()
+    state = TypingState()
+    tokens = itertools.count(1)
+    writer = TypingWriter(state, lambda rows: next(tokens), time.clock, time.call_later)
+    recorder = Recorder()
+    edus = handler(recorder)
+
+    async def set_typing(room_id: str, user_id: str, typing: bool, timeout_ms: int) -> None:
+        writer.set_typing(room_id, user_id, typing, timeout_ms)
+
+    edus._set_typing = set_typing
+    bob = f"@bob:{ORIGIN}"
+
+    async def scenario() -> None:
+        await edus.on_edu(ORIGIN, "m.typing", {"room_id": "!r:x", "user_id": bob, "typing": True})
+        time.now += FEDERATION_TYPING_TIMEOUT_MS / 1000 - 0.5
+        writer.expire()
+        assert state.changed(["!r:x"], 0) == {"!r:x": [bob]}
+        time.now += 1
+        writer.expire()
+        assert state.changed(["!r:x"], 0) == {"!r:x": []}
+        writer.close()
+
+    asyncio.run(scenario())

@@ -306,7 +306,7 @@ async def test_hierarchy_for_a_server_in_the_space_and_for_a_stranger(fed: Fed) 
 # -- media -------------------------------------------------------------------------------------
 
 
-def parts(content_type: str, body: bytes) -> list[tuple[str, str | None, bytes]]:
+def parts(content_type: str, body: bytes) -> list[tuple[str, Any, Any]]:
     """(Content-Type, Content-Disposition, payload) of each part of a multipart answer."""
     message = BytesParser(policy=HTTP).parsebytes(
         f"Content-Type: {content_type}\r\n\r\n".encode() + body

@@ -154,11 +154,14 @@ class RemoteDeviceLists:
         stream: StreamIdGenerator,
         *,
         on_changed: Callable[[set[str]], object] | None = None,
+        joined: Callable[[Transaction, str], bool] = joined_anywhere_txn,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
+        """``joined``: whether a user is in a room here (tests replace it)."""
         self.db = db
         self.stream = stream
         self.on_changed = on_changed
+        self._joined = joined
         self._clock = clock_ms
 
     async def _write(self, name: str, user_id: str, func: Callable[[Transaction], bool]) -> bool:
@@ -197,7 +200,7 @@ class RemoteDeviceLists:
         now = self._clock()
 
         def func(t: Transaction) -> bool:
-            if not joined_anywhere_txn(t, update.user_id):
+            if not self._joined(t, update.user_id):
                 return False
             tracked = _tracked_txn(t, update.user_id)
             if tracked is not None and update.stream_id <= tracked[0]:
@@ -239,7 +242,7 @@ class RemoteDeviceLists:
             return False
 
         def func(t: Transaction) -> bool:
-            if not joined_anywhere_txn(t, user_id):
+            if not self._joined(t, user_id):
                 return False
             for kind, key in checked.items():
                 t.execute(
