@@ -212,3 +212,16 @@ async def test_remote_user_in_a_second_room_counts_for_that_room_only(s: Scene) 
     (event,) = ephemeral(later, second, "m.typing")
     assert event["content"]["user_ids"] == [carol]
     assert ephemeral(later, s.room_id, "m.typing") == []
+
+
+async def test_typing_and_receipts_for_a_room_this_server_left_are_dropped(s: Scene) -> None:
+    hs, alice = s.hs, s.alice
+    left = await room_with(hs, alice)
+    await join_remote(hs, left, BOB)
+    message = await send(hs, alice, left, "before leaving")
+    await hs.ok("POST", f"/rooms/{left}/leave", {}, token=alice.token)
+    await s.edus.on_edu(REMOTE, "m.typing", {"room_id": left, "user_id": BOB, "typing": True})
+    await s.edus.on_edu(REMOTE, "m.receipt", {left: {"m.read": {BOB: {"event_ids": [message]}}}})
+    assert hs.process.typing_state.changed([left], 0) == {}
+    receipts = await hs.process.userdata.receipts_since([left], 0, 2**62)
+    assert receipts == {}

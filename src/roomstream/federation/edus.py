@@ -22,8 +22,8 @@ Invariants (Synapse's checks):
 - every user an EDU speaks for (the typer, a receipt's reader, a presence's user, a
   device list's owner, a to-device sender) belongs to ``origin``; others are dropped
   and logged (one server cannot speak for another's users);
-- typing and receipts are taken only for rooms ``origin`` is in (a joined user there,
-  :mod:`~roomstream.federation.membership`);
+- typing and receipts are taken only for rooms both ``origin`` and this server are in
+  (a joined user there, :mod:`~roomstream.federation.membership`);
 - to-device messages are queued only for users of this server;
 - :meth:`FederationEdus.on_edu` never raises: invalid content, an unknown EDU type or a
   failing service are logged and the EDU is dropped (the transaction still succeeds,
@@ -212,6 +212,21 @@ class FederationEdus:
         except Exception:
             logger.exception("%s EDU from %s failed and was dropped", edu_type, origin)
 
+    async def _shared_room(self, origin: str, room_id: str, edu_type: str) -> bool:
+        """Whether both ``origin`` and this server are in the room (logged when not):
+        Synapse ignores typing and receipts for a room either is not in."""
+        for server in (self.server_name, origin):
+            if not await self.rooms.is_host_in_room(room_id, server):
+                logger.info(
+                    "%s from %s for %.80s, a room %s is not in: dropped",
+                    edu_type,
+                    origin,
+                    room_id,
+                    server,
+                )
+                return False
+        return True
+
     def _own(self, origin: str, user_id: str, edu_type: str) -> bool:
         """Whether ``origin`` may speak for ``user_id`` (logged when not)."""
         if server_of(user_id) == origin:
@@ -229,8 +244,7 @@ class FederationEdus:
             raise InvalidEdu("typing must be a boolean")
         if not self._own(origin, user_id, "m.typing"):
             return
-        if not await self.rooms.is_host_in_room(room_id, origin):
-            logger.info("m.typing from %s for %s, a room it is not in: dropped", origin, room_id)
+        if not await self._shared_room(origin, room_id, "m.typing"):
             return
         await self._set_typing(room_id, user_id, typing, FEDERATION_TYPING_TIMEOUT_MS)
 
@@ -246,8 +260,7 @@ class FederationEdus:
 
     async def _room_receipts(self, origin: str, room_id: str, by_type: Any) -> None:
         by_type = _mapping(by_type, "receipts of a room")
-        if not await self.rooms.is_host_in_room(room_id, origin):
-            logger.info("m.receipt from %s for %s, a room it is not in: dropped", origin, room_id)
+        if not await self._shared_room(origin, room_id, "m.receipt"):
             return
         for receipt_type, users in by_type.items():
             receipt_type = _string(receipt_type, "receipt type")
