@@ -92,6 +92,8 @@ async def _media_answer(request: web.Request, answer: MediaAnswer) -> web.Stream
     response = web.StreamResponse(headers={"Content-Type": answer.content_type})
     response.content_length = answer.length
     await response.prepare(request)
+    # The head in one write: Synapse's parser of this answer takes each part header's
+    # value whole from one read (a head cut mid-value by small writes fails there).
     await response.write(answer.head())
     async for chunk in answer.download.blob.chunks():
         await response.write(chunk)
