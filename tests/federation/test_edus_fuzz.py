@@ -219,3 +219,32 @@ def test_remote_typing_times_out_after_the_federation_timeout() -> None:
         writer.close()
 
     asyncio.run(scenario())
+
+
+def test_the_rooms_server_acl_drops_typing_and_receipts() -> None:
+    """MSC4163 (as Synapse): typing and a room's receipts from a server the room's ACL
+    refuses are dropped; the other rooms' receipts are kept."""
+    recorder = Recorder()
+    edus = handler(recorder)
+    asked: list[tuple[str, str]] = []
+
+    async def allowed(server: str, room_id: str) -> bool:
+        asked.append((server, room_id))
+        return room_id != "!banned:x"
+
+    edus._server_allowed = allowed
+    bob = f"@bob:{ORIGIN}"
+    receipt = {bob: {"event_ids": ["$e"]}}
+
+    async def scenario() -> None:
+        await edus.on_edu(
+            ORIGIN, "m.typing", {"room_id": "!banned:x", "user_id": bob, "typing": True}
+        )
+        await edus.on_edu(
+            ORIGIN, "m.receipt", {"!banned:x": {"m.read": receipt}, "!ok:x": {"m.read": receipt}}
+        )
+        await edus.on_edu(ORIGIN, "m.typing", {"room_id": "!ok:x", "user_id": bob, "typing": True})
+
+    asyncio.run(scenario())
+    assert recorder.spoken_for == [bob, bob]  # the !ok:x receipt, the !ok:x typing
+    assert ("remote.test", "!banned:x") in asked

@@ -23,7 +23,8 @@ Invariants (Synapse's checks):
   device list's owner, a to-device sender) belongs to ``origin``; others are dropped
   and logged (one server cannot speak for another's users);
 - typing and receipts are taken only for rooms both ``origin`` and this server are in
-  (a joined user there, :mod:`~roomstream.federation.membership`);
+  (a joined user there, :mod:`~roomstream.federation.membership`) and whose server ACL
+  (``m.room.server_acl``, when a check is given) lets ``origin`` in (MSC4163);
 - to-device messages are queued only for users of this server;
 - :meth:`FederationEdus.on_edu` never raises: invalid content, an unknown EDU type or a
   failing service are logged and the EDU is dropped (the transaction still succeeds,
@@ -51,6 +52,7 @@ __all__ = [
     "FederationEdus",
     "HostsInRooms",
     "InvalidEdu",
+    "ServerAllowed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ PutReceipt = Callable[[str, str, str, str, "str | None"], Awaitable[object]]
 SendToDevice = Callable[
     [str, str, Mapping[str, Mapping[str, Any]], "tuple[str, str] | None"], Awaitable[object]
 ]
+#: Whether a room's ``m.room.server_acl`` lets a server in: (server name, room).
+ServerAllowed = Callable[[str, str], Awaitable[bool]]
 #: Stores remote users' presence states (the ``presence`` stream's writer).
 PutPresence = Callable[[Sequence[UserPresence]], Awaitable[object]]
 
@@ -151,12 +155,16 @@ class FederationEdus:
         put_presence: PutPresence | None,
         device_lists: DeviceListsSink,
         rooms: HostsInRooms | None = None,
+        server_allowed: ServerAllowed | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
-        """``rooms``: who is in which room (default: this database's current state)."""
+        """``rooms``: who is in which room (default: this database's current state).
+        ``server_allowed``: the rooms' server ACLs (the transport's ``m.room.server_acl``
+        check; None: no ACL is applied to EDUs)."""
         self.server_name = server_name
         self.db = db
         self.rooms: HostsInRooms = rooms if rooms is not None else RoomServers(db)
+        self._server_allowed = server_allowed
         self._set_typing = set_typing
         self._put_receipt = put_receipt
         self._send_to_device = send_to_device
@@ -173,7 +181,12 @@ class FederationEdus:
         }
 
     @classmethod
-    def for_client_process(cls, process: ClientProcess, engine: RoomEngine) -> FederationEdus:
+    def for_client_process(
+        cls,
+        process: ClientProcess,
+        engine: RoomEngine,
+        server_allowed: ServerAllowed | None = None,
+    ) -> FederationEdus:
         """The handler of a homeserver process: typing, receipts and to-device through
         its ``UserDataWriter`` (on this process or forwarded to each stream's writer),
         presence stored when this process writes the ``presence`` stream and presence is
@@ -197,6 +210,7 @@ class FederationEdus:
                 engine.streams.generator("device_lists"),
                 on_changed=keys.cache.invalidate_users,
             ),
+            server_allowed=server_allowed,
         )
 
     async def on_edu(self, origin: str, edu_type: str, content: Mapping[str, Any]) -> None:
@@ -213,8 +227,14 @@ class FederationEdus:
             logger.exception("%s EDU from %s failed and was dropped", edu_type, origin)
 
     async def _shared_room(self, origin: str, room_id: str, edu_type: str) -> bool:
-        """Whether both ``origin`` and this server are in the room (logged when not):
-        Synapse ignores typing and receipts for a room either is not in."""
+        """Whether both ``origin`` and this server are in the room and the room's server
+        ACL lets ``origin`` in (logged when not): Synapse ignores typing and receipts
+        otherwise (the ACL per MSC4163)."""
+        if self._server_allowed is not None and not await self._server_allowed(origin, room_id):
+            logger.info(
+                "%s from %s for %.80s: refused by the room's server ACL", edu_type, origin, room_id
+            )
+            return False
         for server in (self.server_name, origin):
             if not await self.rooms.is_host_in_room(room_id, server):
                 logger.info(
