@@ -34,7 +34,16 @@ from roomstream.events.types import EventTypes, JoinRules
 from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Database, Transaction
 
-__all__ = ["MAX_ROOMS", "HierarchyRequest", "SpaceHierarchy"]
+__all__ = [
+    "MAX_ROOMS",
+    "HierarchyRequest",
+    "RoomSummary",
+    "SpaceHierarchy",
+    "allowed_room_ids",
+    "hierarchy_entry",
+    "read_room_txn",
+    "space_children",
+]
 
 #: Rooms per page at most (Synapse's ``MAX_ROOMS``), and the default.
 MAX_ROOMS = 50
@@ -160,6 +169,38 @@ def _read_txn(txn: Transaction, user_id: str, room_id: str) -> _Room:
                 is not None
             )
     return room
+
+
+# -- what the federation hierarchy (roomstream.federation.queries) reuses ---------------
+
+#: One room as the walk reads it (its summary state, joined members, the requester's
+#: membership).
+RoomSummary = _Room
+
+
+def read_room_txn(txn: Transaction, user_id: str, room_id: str) -> RoomSummary:
+    """The room as the walk reads it for ``user_id`` (any string naming no member,
+    e.g. ``""``, reads it for nobody in particular)."""
+    return _read_txn(txn, user_id, room_id)
+
+
+def space_children(room: RoomSummary, suggested_only: bool) -> list[Event]:
+    """The room's ``m.space.child`` events in the walk's order (a space's only)."""
+    return _children(room, suggested_only)
+
+
+def hierarchy_entry(room: RoomSummary, children: Sequence[Event]) -> dict[str, Any]:
+    """The room's entry, with ``children_state`` from ``children``."""
+    return _entry(room, children)
+
+
+def allowed_room_ids(room: RoomSummary) -> list[str]:
+    """The rooms a ``restricted`` / ``knock_restricted`` join rule's allow list names
+    (empty for any other join rule)."""
+    join_rules = room.content(EventTypes.JOIN_RULES)
+    if join_rules.get("join_rule") not in (JoinRules.RESTRICTED, JoinRules.KNOCK_RESTRICTED):
+        return []
+    return _allowed_rooms(join_rules)
 
 
 def _allowed_rooms(join_rules: dict[str, Any]) -> list[str]:

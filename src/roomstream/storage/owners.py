@@ -87,6 +87,10 @@ TABLE_OWNERS: Mapping[str, str] = {
     "e2e_room_keys_versions": "roomstream.e2e.backup_store",
     "e2e_room_keys": "roomstream.e2e.backup_store",
     "device_lists_stream": "roomstream.e2e.device_lists",
+    # Federation: remote users' devices as their servers' EDUs describe them.
+    "federation_remote_device_lists": "roomstream.federation.remote_devices",
+    "federation_remote_devices": "roomstream.federation.remote_devices",
+    "federation_remote_cross_signing": "roomstream.federation.remote_devices",
     # Pushers: the pushers stream's writer, which also delivers.
     "pushers": "roomstream.client.pushers",
     "deleted_pushers": "roomstream.client.pushers",
