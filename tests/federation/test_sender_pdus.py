@@ -274,3 +274,36 @@ async def test_sharded_senders_partition_destinations_and_ack(
             ),
             what="ack of the position",
         )
+
+
+async def test_kicked_and_rescinded_invitee_servers_hear_of_it(
+    engine: RoomEngine, tmp_path: Path, running: list[FederationSender]
+) -> None:
+    r3 = "three.test"
+    room = await room_with_remote_members(engine, tmp_path, [R1, R2])
+    transport, clock = FakeTransport(), FakeClock()
+    sender = start_sender(engine, transport, clock)
+    running.append(sender)
+    await sender.start()
+    creator = engine.creator
+    invitee = f"@user:{r3}"
+    invite = await creator.create_event(
+        room, ALICE, "m.room.member", {"membership": "invite"}, state_key=invitee
+    )
+    rescind = await creator.create_event(
+        room, ALICE, "m.room.member", {"membership": "leave"}, state_key=invitee
+    )
+    kick = await creator.create_event(
+        room, ALICE, "m.room.member", {"membership": "leave"}, state_key=f"@user:{R2}"
+    )
+    after = await say(engine, room, "after the kick")
+    ids = [e.event.event_id for e in (invite, rescind, kick)]
+    # The invite reaches the invitee by /invite, not through the sender; the rescinding
+    # leave does go to its server. The kicked server hears of its kick, then nothing.
+    await wait_for(lambda: event_ids(transport, R1) == [*ids, after], what="R1")
+    await wait_for(lambda: event_ids(transport, r3) == [ids[1]], what="invitee's server")
+    await wait_for(lambda: event_ids(transport, R2) == ids, what="kicked server")
+    # R1 has the last event, so it was planned for every destination already: none for R2.
+    queue = sender.queues[R2]
+    await wait_for(lambda: not queue.in_flight, what="R2 idle")
+    assert queue.pending_pdu_count == 0 and event_ids(transport, R2) == ids

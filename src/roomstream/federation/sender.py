@@ -88,6 +88,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Seconds before a stream range whose handling failed (database error) is read again.
+RETRY_READ_AFTER_S = 1.0
 #: Tokens of a stream read per batch (bounds a batch after a long stop).
 BATCH_TOKENS = 1000
 #: State groups whose joined servers are remembered.
@@ -170,6 +172,7 @@ class FederationSender:
         self._stream_wakes: dict[str, asyncio.Event] = {}
         self._positions: dict[str, int] = {}
         self._typing: dict[str, frozenset[str]] = {}
+        self._typing_lock = asyncio.Lock()
         self._edu_tasks: set[asyncio.Task[None]] = set()
         self._hosts_cache: dict[int, tuple[frozenset[str], dict[str, str]]] = {}
         self._txn_epoch = 0
@@ -286,7 +289,9 @@ class FederationSender:
                     raise
                 except Exception:
                     logger.exception("federation sender: handling %s failed", stream_name)
-                    break  # tried again at the next wake
+                    # Nothing was stored past the failure: try the same range again soon.
+                    asyncio.get_running_loop().call_later(RETRY_READ_AFTER_S, wake.set)
+                    break
                 self._positions[stream_name] = bound
 
     async def _read(self, stream_name: str, start: int, bound: int) -> list[tuple[int, Any]]:
@@ -414,23 +419,27 @@ class FederationSender:
         return {server_of(str(r[0])) for r in rows} - {self.server_name}
 
     async def _typing_changed(self, row: TypingRow) -> None:
-        now = frozenset(u for u in row.user_ids if self._is_local(u))
-        before = self._typing.get(row.room_id, frozenset())
-        self._typing[row.room_id] = now
-        changes = [(u, True) for u in sorted(now - before)]
-        changes += [(u, False) for u in sorted(before - now)]
-        if not changes:
-            return
-        hosts = await self._joined_hosts_now(row.room_id)
-        edus = [
-            Edu(
-                "m.typing",
-                {"room_id": row.room_id, "user_id": user, "typing": typing},
-                key=("typing", row.room_id, user),
-            )
-            for user, typing in changes
-        ]
-        await self._queue_edus(hosts, edus)
+        # One row at a time, in arrival order (asyncio's lock is first come, first
+        # served, and each task asks for it before anything else): a stop queued after
+        # a start must not overtake it, as the newer EDU replaces the older.
+        async with self._typing_lock:
+            now = frozenset(u for u in row.user_ids if self._is_local(u))
+            before = self._typing.get(row.room_id, frozenset())
+            self._typing[row.room_id] = now
+            changes = [(u, True) for u in sorted(now - before)]
+            changes += [(u, False) for u in sorted(before - now)]
+            if not changes:
+                return
+            hosts = await self._joined_hosts_now(row.room_id)
+            edus = [
+                Edu(
+                    "m.typing",
+                    {"room_id": row.room_id, "user_id": user, "typing": typing},
+                    key=("typing", row.room_id, user),
+                )
+                for user, typing in changes
+            ]
+            await self._queue_edus(hosts, edus)
 
     async def _handle_receipts(self, rows: Iterable[ReceiptsRow]) -> None:
         for row in rows:
@@ -563,7 +572,14 @@ class FederationSender:
                         await asyncio.wait_for(wake.wait(), 1.0)
                     wake.clear()
                 continue
-            await self._send(queue, step)
+            try:
+                await self._send(queue, step)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Recording the outcome failed (the queue already took it into account;
+                # the next outcome's record carries it).
+                logger.exception("federation sender: recording a transaction to %s", destination)
 
     async def _load_catch_up(self, destination: str, step: LoadCatchUp) -> list[QueuedPdu]:
         rows = await self.store.get_catch_up_rows(destination, step.after, step.limit)
