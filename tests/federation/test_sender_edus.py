@@ -14,6 +14,7 @@ import pytest
 from roomstream.client.presence import UserPresence
 from roomstream.client.presence_store import PresenceStore
 from roomstream.client.userdata import UserData
+from roomstream.e2e import device_lists
 from roomstream.federation.sender import FederationSender
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database, Transaction
@@ -144,3 +145,49 @@ async def test_to_device_messages_to_their_destination(
     [edu] = of_type(transport, R2, "m.direct_to_device")
     assert edu["content"] == content
     assert of_type(transport, R1, "m.direct_to_device") == []
+
+
+async def test_device_list_updates_to_servers_sharing_a_room(
+    engine: RoomEngine, setup: tuple[FederationSender, FakeTransport, str, str]
+) -> None:
+    _, transport, _, _ = setup
+    keys = {"user_id": ALICE, "device_id": "PHONE", "algorithms": [], "keys": {}}
+
+    async def change(*, add: str | None = None, remove: str | None = None) -> None:
+        def txn(t: Transaction, ids: list[int]) -> None:
+            if add is not None:
+                t.execute(
+                    "INSERT INTO devices (user_id, device_id, display_name, created_ts)"
+                    " VALUES (?, ?, ?, 0)",
+                    (ALICE, add, f"{add} name"),
+                )
+            if remove is not None:
+                t.execute(
+                    "DELETE FROM devices WHERE user_id = ? AND device_id = ?", (ALICE, remove)
+                )
+            device_lists.append_txn(t, ids[0], "main", [ALICE, "@bob:one.test"])
+
+        await engine.streams.generator("device_lists").run_with_ids("test_devices", 1, txn)
+
+    def updates(remote: str) -> list[dict[str, Any]]:
+        return [e["content"] for e in of_type(transport, remote, "m.device_list_update")]
+
+    await engine.db.run_interaction(
+        "test_keys",
+        lambda t: t.execute(
+            "INSERT INTO e2e_device_keys (user_id, device_id, key_json) VALUES (?, ?, ?)",
+            (ALICE, "PHONE", orjson.dumps(keys).decode()),
+        ),
+    )
+    await change(add="PHONE")
+    for remote in (R1, R2):
+        await wait_for(lambda r=remote: updates(r), what=remote)
+        [update] = updates(remote)
+        assert update["user_id"] == ALICE and update["device_id"] == "PHONE"
+        assert update["deleted"] is False and update["prev_id"] == []
+        assert update["device_display_name"] == "PHONE name"
+        assert update["keys"]["device_id"] == "PHONE"
+    await change(add="LAPTOP", remove="PHONE")
+    await wait_for(lambda: len(updates(R2)) == 3, what="second change")
+    second = {(u["device_id"], u["deleted"]) for u in updates(R2)[1:]}
+    assert second == {("LAPTOP", False), ("PHONE", True)}

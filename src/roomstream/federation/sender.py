@@ -22,6 +22,8 @@ performs the queue's steps through the injected :class:`TransactionTransport`
   per local user who started or stopped typing, to the room's joined servers.
 - **receipts**: ``m.receipt`` for a local user's public receipt, to the room's servers.
 - **presence**: ``m.presence`` for a local user, to every server sharing a room with them.
+- **device_lists**: ``m.device_list_update`` per device of a local user whose list
+  changed (empty ``prev_id``: the receiver resyncs), to the servers sharing a room.
 - **to_device**: rows of ``device_federation_outbox`` (its ``messages_json`` is the
   ``m.direct_to_device`` EDU content), to their destination; durable in the queue.
 
@@ -48,6 +50,7 @@ from typing import Any, Protocol
 from roomstream import exactjson
 from roomstream.client.presence import UserPresence
 from roomstream.config import Config
+from roomstream.e2e.device_keys_store import device_keys_of_txn
 from roomstream.events.model import Event
 from roomstream.federation.catchup import FederationSenderStore
 from roomstream.federation.destination_queue import (
@@ -70,6 +73,7 @@ from roomstream.rooms.store import chunks, placeholders
 from roomstream.state.groups import get_state_txn
 from roomstream.storage import Transaction
 from roomstream.streams.rows import (
+    DeviceListsRow,
     EventRow,
     PresenceRow,
     ReceiptsRow,
@@ -97,7 +101,7 @@ HOSTS_CACHE_SIZE = 1000
 #: Receipt types other servers are told of (private ones stay here).
 PUBLIC_RECEIPT_TYPES = frozenset({"m.read"})
 #: Stream consumed for EDUs, and the name its position is stored under.
-EDU_STREAMS = ("receipts", "presence", "to_device")
+EDU_STREAMS = ("receipts", "presence", "to_device", "device_lists")
 
 
 class TransactionTransport(Protocol):
@@ -173,6 +177,8 @@ class FederationSender:
         self._positions: dict[str, int] = {}
         self._typing: dict[str, frozenset[str]] = {}
         self._typing_lock = asyncio.Lock()
+        #: Local user -> the device IDs last announced (to announce deletions).
+        self._devices_seen: dict[str, set[str]] = {}
         self._edu_tasks: set[asyncio.Task[None]] = set()
         self._hosts_cache: dict[int, tuple[frozenset[str], dict[str, str]]] = {}
         self._txn_epoch = 0
@@ -325,6 +331,10 @@ class FederationSender:
             await self._handle_receipts([ReceiptsRow.from_wire(r) for _, r in updates])
         elif stream_name == "presence":
             await self._handle_presence([PresenceRow.from_wire(r) for _, r in updates])
+        elif stream_name == "device_lists":
+            await self._handle_device_lists(
+                [(t, DeviceListsRow.from_wire(r).user_id) for t, r in updates]
+            )
         else:
             await self._handle_to_device(self._positions[stream_name], bound)
         await self.store.set_position(self.instance_name, stream_name, bound)
@@ -464,11 +474,68 @@ class FederationSender:
                 continue
             # The client API's own rendering of the row (the spec's m.presence entry).
             state = {"user_id": row.user_id, **UserPresence(*row).content(now_ms)}
-            hosts: set[str] = set()
-            for room_id in await self.engine.store.get_rooms_for_user(row.user_id):
-                hosts |= await self._joined_hosts_now(room_id)
             edu = Edu("m.presence", {"push": [state]}, key=("presence", row.user_id))
-            await self._queue_edus(hosts, [edu])
+            await self._queue_edus(await self._users_hosts(row.user_id), [edu])
+
+    async def _users_hosts(self, user_id: str) -> set[str]:
+        """The servers sharing a joined room with the user."""
+        hosts: set[str] = set()
+        for room_id in await self.engine.store.get_rooms_for_user(user_id):
+            hosts |= await self._joined_hosts_now(room_id)
+        return hosts
+
+    async def _handle_device_lists(self, changes: Sequence[tuple[int, str]]) -> None:
+        """``m.device_list_update`` for each device of a local user whose list changed
+        (and for each device this run saw before that is gone, ``deleted``).
+
+        ``prev_id`` is always empty: the receiver then fetches the user's whole list
+        (``/user/devices``), as Synapse's receiver does for an empty ``prev_id``. That is
+        correct whatever it saw before (a restart here, a destination that was down), at
+        the cost of a query per change; the ``prev_id`` chain per destination that would
+        spare it is not kept."""
+        newest: dict[str, int] = {}
+        for token, user_id in changes:
+            if self._is_local(user_id):
+                newest[user_id] = max(token, newest.get(user_id, token))
+        for user_id, stream_id in sorted(newest.items()):
+            devices = await self.engine.db.run_interaction(
+                "federation_sender_devices", _devices_of_txn, user_id
+            )
+            gone = self._devices_seen.get(user_id, set()) - set(devices)
+            self._devices_seen[user_id] = set(devices)
+            edus = []
+            for device_id, (display_name, keys) in sorted(devices.items()):
+                content: dict[str, Any] = {
+                    "user_id": user_id,
+                    "device_id": device_id,
+                    "stream_id": stream_id,
+                    "prev_id": [],
+                    "deleted": False,
+                }
+                if display_name is not None:
+                    content["device_display_name"] = display_name
+                if keys is not None:
+                    content["keys"] = keys
+                edus.append(self._device_edu(content))
+            for device_id in sorted(gone):
+                edus.append(
+                    self._device_edu(
+                        {
+                            "user_id": user_id,
+                            "device_id": device_id,
+                            "stream_id": stream_id,
+                            "prev_id": [],
+                            "deleted": True,
+                        }
+                    )
+                )
+            if edus:
+                await self._queue_edus(await self._users_hosts(user_id), edus)
+
+    @staticmethod
+    def _device_edu(content: dict[str, Any]) -> Edu:
+        key = ("device_list", content["user_id"], content["device_id"])
+        return Edu("m.device_list_update", content, key=key)
 
     async def _handle_to_device(self, start: int, bound: int) -> None:
         rows = await self.engine.db.run_interaction(
@@ -640,3 +707,16 @@ def _memberships_in_group_txn(t: Transaction, group: int) -> dict[str, str]:
             if membership is not None:
                 result[member_events[str(event_id)]] = str(membership)
     return result
+
+
+def _devices_of_txn(
+    t: Transaction, user_id: str
+) -> dict[str, tuple[str | None, dict[str, Any] | None]]:
+    """device ID -> (display name, uploaded device keys or None), for the user's devices."""
+    keys = device_keys_of_txn(t, user_id, None)
+    return {
+        str(device_id): (None if name is None else str(name), keys.get(str(device_id)))
+        for device_id, name in t.query(
+            "SELECT device_id, display_name FROM devices WHERE user_id = ?", (user_id,)
+        )
+    }
