@@ -273,6 +273,14 @@ class FederationConfig:
 
 
 @dataclass(frozen=True)
+class FederationSenderConfig:
+    """The federation sender (roomstream.federation.sender)."""
+
+    #: Multiplies Synapse's destination back-off (10 minutes, doubling, up to 7 days).
+    retry_interval_scale: float = 1.0
+
+
+@dataclass(frozen=True)
 class RedisConfig:
     host: str = "127.0.0.1"
     port: int = 6379
@@ -303,6 +311,10 @@ class Config:
     #: `roomstream run` also runs the views streaming job (one process of a deployment
     #: should: they share the view tables); `--views` / `--no-views` override it.
     run_views_job: bool = False
+    #: The instances that send to other homeservers; each destination is sent to by one
+    #: of them (a stable hash of its name: roomstream.federation.sender.sender_for).
+    federation_sender_instances: tuple[str, ...] = ("main",)
+    federation_sender: FederationSenderConfig = field(default_factory=FederationSenderConfig)
 
     def client_base_url(self) -> str:
         """The Client-Server API's base URL as clients should use it (with a trailing
@@ -423,6 +435,7 @@ _POSITIVE = frozenset(
         "key_validity_period",
         "rate_limit_per_second",
         "rate_limit_burst",
+        "retry_interval_scale",
     }
 )
 
@@ -558,6 +571,12 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         problems.append(f"allow_guest_access must be true or false, not {allow_guest_access!r}")
         allow_guest_access = False
     public_baseurl = _public_baseurl(raw.get("public_baseurl"), problems)
+    federation_sender_instances = _federation_sender_instances(
+        raw.get("federation_sender_instances"), instances, problems
+    )
+    federation_sender = _section(
+        FederationSenderConfig, raw.get("federation_sender"), "federation_sender", problems
+    )
     config = Config(
         enable_registration=enable_registration,
         allow_guest_access=allow_guest_access,
@@ -576,6 +595,8 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
         media=media,
         presence=presence,
         federation=federation,
+        federation_sender_instances=federation_sender_instances,
+        federation_sender=federation_sender,
     )
     data_dir_problem = _path_problem(data_dir, directory=True)
     if data_dir_problem and isinstance(raw.get("data_dir", "data"), str):
@@ -740,6 +761,33 @@ def _stream_writers(raw: Any, problems: list[str]) -> dict[str, tuple[str, ...]]
             continue
         writers[stream] = tuple(names)
     return writers
+
+
+def _federation_sender_instances(
+    raw: Any, instances: dict[str, InstanceConfig], problems: list[str]
+) -> tuple[str, ...]:
+    """``federation_sender_instances``: a non-empty list of distinct instance names (one
+    name alone may be written as a string); the default is the main process."""
+    if raw is None:
+        return ("main",)
+    names = [raw] if isinstance(raw, str) else raw
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        problems.append(
+            f"federation_sender_instances must be a non-empty list of instance names, not {raw!r}"
+        )
+        return ("main",)
+    if len(set(names)) != len(names):
+        problems.append(f"federation_sender_instances names an instance twice: {names!r}")
+        return ("main",)
+    unknown = [n for n in names if n not in instances]
+    if unknown:
+        problems.append(
+            f"federation_sender_instances names {', '.join(map(repr, unknown))}, which"
+            f" {'is' if len(unknown) == 1 else 'are'} not among instances"
+            f" ({', '.join(sorted(instances)) or 'none'})"
+        )
+        return ("main",)
+    return tuple(names)
 
 
 def _listener_problems(

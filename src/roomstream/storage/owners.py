@@ -105,6 +105,10 @@ TABLE_OWNERS: Mapping[str, str] = {
     "view_user_directory": _VIEWS,
     "view_media_stats": _VIEWS,
     "pipeline_batches": "roomstream.pipelines.sinks",
+    # The federation sender: its stream positions, destinations' back-off and catch-up.
+    "federation_stream_position": "roomstream.federation.catchup",
+    "destinations": "roomstream.federation.catchup",
+    "destination_rooms": "roomstream.federation.catchup",
 }
 
 #: Modules whose SQL names the table through a variable, and the tables it may be (each
