@@ -432,3 +432,41 @@ class ServiceUnavailableError(NamedError):
     def __init__(self, message: str, *, retry_after_ms: int = 1000) -> None:
         super().__init__(message)
         self.retry_after_ms = retry_after_ms
+
+
+# Federation, inbound room side (fedinbound) -----------------------------------------------
+
+
+class FederationTransactionTooLargeError(NamedError):
+    """A federation transaction with more than 50 PDUs or 100 EDUs (400 ``M_TOO_LARGE``,
+    refused whole, as Synapse does)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.TOO_LARGE
+
+
+class IncompatibleRoomVersionError(NamedError):
+    """A remote server asked to join a room whose version it does not support
+    (400 ``M_INCOMPATIBLE_ROOM_VERSION``, with ``room_version``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.INCOMPATIBLE_ROOM_VERSION
+
+    def __init__(self, message: str, *, room_version: str) -> None:
+        super().__init__(message)
+        self.room_version = room_version
+
+    def to_json(self) -> dict[str, str | int]:
+        body = super().to_json()
+        body["room_version"] = self.room_version
+        return body
+
+
+class FederationForbiddenError(ForbiddenError):
+    """A remote server may not see or do this: not in the room, denied by the room's
+    server ACL, or acting for a user of another server (403 ``M_FORBIDDEN``)."""
+
+
+class FederationEventNotFoundError(NotFoundError):
+    """A remote server asked for an event, or state at an event, this server does not
+    hold (404 ``M_NOT_FOUND``)."""

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import orjson
 from signedjson.types import SigningKey
@@ -32,6 +32,7 @@ from roomstream.rooms.participants import PersistParticipant
 from roomstream.rooms.persist import EventPersister, PersistedEvent
 from roomstream.rooms.store import EventStore
 from roomstream.state.cooperative import shorten_switch_interval
+from roomstream.state.groups import StateMap
 from roomstream.storage import Database, connect, prepare_database
 from roomstream.streams import StreamSet
 
@@ -121,6 +122,8 @@ class RoomEngine:
         *,
         backfilled: bool = False,
         trust_unsigned: bool = False,
+        outliers: bool = False,
+        state_before: Mapping[str, Sequence[StateMap]] | None = None,
     ) -> list[PersistedEvent]:
         """Parse, check and persist PDUs from another server; results in input order.
 
@@ -133,6 +136,8 @@ class RoomEngine:
 
         Nothing is stored unless every PDU passes the format and signature checks. A
         batch may open a new room: its create event gives the version of the others.
+        ``outliers`` and ``state_before`` are :meth:`EventPersister.persist_events`'s
+        (events fetched as outliers; the state at a gap in the DAG).
         """
         decoded = [_decode(raw) for raw in raws]
         # Rooms opened by this batch: their versions come from its create events.
@@ -159,7 +164,9 @@ class RoomEngine:
                 check_event_signatures(event, known)
         for event_id in sorted(mismatched):
             logger.warning("content hash of %s does not match: using its redacted form", event_id)
-        results = await self.persister.persist_events(events, backfilled=backfilled)
+        results = await self.persister.persist_events(
+            events, backfilled=backfilled, outliers=outliers, state_before=state_before
+        )
         return [
             # (An event stored before keeps what it was stored as.)
             dataclasses.replace(r, redacted_on_receipt=True)

@@ -372,8 +372,19 @@ class EventPersister:
         *,
         backfilled: bool = False,
         local: bool = False,
+        outliers: bool = False,
+        state_before: Mapping[str, Sequence[StateMap]] | None = None,
     ) -> list[PersistedEvent]:
-        """Persist events of any rooms, in any order; results follow the input order."""
+        """Persist events of any rooms, in any order; results follow the input order.
+
+        ``outliers``: store every event as an outlier, whatever its prev events (events
+        fetched for their own sake, e.g. the state at a gap: the spec's outliers).
+        ``state_before``: event ID -> the room's states after its prev events that are
+        not known here, as another server vouched for them (the state at a gap in the
+        DAG): such an event is then not an outlier but gets the resolution of those
+        states and of the states after its known prev events, and is checked against it
+        like any other. The state events named must be stored (as outliers, say).
+        """
         by_room: dict[str, list[Event]] = defaultdict(list)
         for event in events:
             by_room[event.room_id].append(event)
@@ -391,7 +402,14 @@ class EventPersister:
                 ]
             async with self.room_lock(room_id):
                 waiting = [
-                    await self.prepare_room_locked(room_id, part, backfilled, local)
+                    await self.prepare_room_locked(
+                        room_id,
+                        part,
+                        backfilled,
+                        local,
+                        outliers=outliers,
+                        state_before=state_before,
+                    )
                     for part in parts
                 ]
             for future in waiting:
@@ -414,6 +432,8 @@ class EventPersister:
         local: bool,
         *,
         transaction_ids: Mapping[str, TransactionKey] | None = None,
+        outliers: bool = False,
+        state_before: Mapping[str, Sequence[StateMap]] | None = None,
     ) -> asyncio.Future[dict[str, PersistedEvent]]:
         """Decide the fate and state of events of one room and queue them for commit.
 
@@ -466,6 +486,8 @@ class EventPersister:
                 backfilled,
                 local,
                 {e.event_id for e in revisits},
+                outliers=outliers,
+                given_states=state_before or {},
             )
         except BaseException:
             # The chain index may hold part of the batch: reload the room next time.
@@ -661,6 +683,9 @@ class EventPersister:
         backfilled: bool,
         local: bool,
         revisits: Set[str] = frozenset(),
+        *,
+        outliers: bool = False,
+        given_states: Mapping[str, Sequence[StateMap]] | None = None,
     ) -> tuple[list[_Context], dict[str, GroupRef] | None, tuple[GroupRef, StateMap] | None]:
         """Decide each event's fate and state, in order, as if persisted one by one.
 
@@ -741,6 +766,9 @@ class EventPersister:
                     event.event_id, auth_ids, chain_key=event.state_tuple
                 )
 
+            if outliers and not revisit:
+                ctx.outlier = True  # fetched for its own sake: no state (see persist_events)
+                continue
             # 2. The state before it, if every prev event has state.
             prevs = event.prev_event_ids
             prev_groups: list[GroupRef] = []
@@ -749,8 +777,16 @@ class EventPersister:
                     prev_groups.append(contexts[prev].after)
                 elif prev in known_groups:
                     prev_groups.append(known_groups[prev][1])
+            given = None if given_states is None else given_states.get(event.event_id)
             if event.type == EventTypes.CREATE and not prevs:
                 state_before: StateMap = {}
+            elif given and prevs and len(prev_groups) < len(prevs):
+                # A gap: the states after the missing prev events come from elsewhere
+                # (fresh groups), resolved with the states after the known ones.
+                gaps: list[GroupRef] = [PendingGroup(None, dict(g), {}, dict(g)) for g in given]
+                ctx.before, state_before = await self._state_before(
+                    room, [*gaps, *prev_groups], contexts, memo
+                )
             elif not prevs or len(prev_groups) < len(prevs):
                 ctx.outlier = True
                 continue

@@ -100,6 +100,8 @@ TABLE_OWNERS: Mapping[str, str] = {
     "view_user_directory": _VIEWS,
     "view_media_stats": _VIEWS,
     "pipeline_batches": "roomstream.pipelines.sinks",
+    # Federation, inbound: answered transactions (idempotent /send).
+    "federation_received_transactions": "roomstream.federation.transactions",
 }
 
 #: Modules whose SQL names the table through a variable, and the tables it may be (each
