@@ -125,6 +125,8 @@ class FakeFederationClient:
     #: Events ``get_missing_events`` returns (None: refuse with an error).
     missing: list[Event] | None = None
     requests: list[tuple[str, str, str]] = field(default_factory=list)
+    #: The body of each request (None for a GET).
+    contents: list[object] = field(default_factory=list)
 
     def add(self, *events: Event) -> None:
         for event in events:
@@ -141,6 +143,7 @@ class FakeFederationClient:
         timeout: float = 60.0,  # noqa: ASYNC109 (the interface's)
     ) -> Any:
         self.requests.append((method, destination, path))
+        self.contents.append(content)
         if "/get_missing_events/" in path:
             if self.missing is None:
                 raise FederationEventNotFoundError("no missing events here")

@@ -778,12 +778,14 @@ class EventPersister:
                 elif prev in known_groups:
                     prev_groups.append(known_groups[prev][1])
             given = None if given_states is None else given_states.get(event.event_id)
+            at_gap = False
             if event.type == EventTypes.CREATE and not prevs:
                 state_before: StateMap = {}
             elif given and prevs and len(prev_groups) < len(prevs):
                 # A gap: the states after the missing prev events come from elsewhere
                 # (fresh groups), resolved with the states after the known ones.
                 gaps: list[GroupRef] = [PendingGroup(None, dict(g), {}, dict(g)) for g in given]
+                at_gap = True
                 ctx.before, state_before = await self._state_before(
                     room, [*gaps, *prev_groups], contexts, memo
                 )
@@ -808,7 +810,16 @@ class EventPersister:
                 and not backfilled
                 and state_before is not current
             ):
-                reason = await self._auth_against(room, event, current, contexts, passed_with)
+                against = current
+                if at_gap:
+                    # The state at a gap holds what happened on the other side of it: the
+                    # room's state is that resolved with the current one (as Synapse's
+                    # soft-failure check does), else an event after a membership change
+                    # we never saw would always fail.
+                    _, against = await self._state_before(
+                        room, [current_group, ctx.before], contexts, memo
+                    )
+                reason = await self._auth_against(room, event, against, contexts, passed_with)
                 ctx.soft_failed = reason is not None
 
             # The state after it.
