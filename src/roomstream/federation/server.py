@@ -61,6 +61,7 @@ from roomstream.federation.server_visibility import (
 )
 from roomstream.federation.transactions import ReceivedTransactions
 from roomstream.rooms.engine import RoomEngine
+from roomstream.state.resolution import effective_auth_event_ids
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +312,8 @@ class FederationServer:
             events = await self.store.get_events(frontier)
             frontier = []
             for event in events.values():
-                for auth_id in event.auth_event_ids:
+                # (v12: the create event is an auth event without being listed.)
+                for auth_id in effective_auth_event_ids(event):
                     if auth_id not in seen:
                         seen.add(auth_id)
                         frontier.append(auth_id)
