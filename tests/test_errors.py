@@ -76,6 +76,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "FederationTransactionTooLargeError": (400, "M_TOO_LARGE"),
     "FederationForbiddenError": (403, "M_FORBIDDEN"),
     "FederationEventNotFoundError": (404, "M_NOT_FOUND"),
+    "UnableToAuthoriseJoinError": (400, "M_UNABLE_TO_AUTHORISE_JOIN"),
 }
 
 #: Named errors built with more than a message (tested on their own below).

@@ -67,6 +67,8 @@ class Codes(StrEnum):
     STREAM_TOO_OLD = "IO.ROOMSTREAM.STREAM_TOO_OLD"
     #: Internal API: this instance does not write the room (after one forward).
     WRONG_WRITER = "IO.ROOMSTREAM.WRONG_WRITER"
+    #: Federation: no local user can authorise a restricted join (fedinbound).
+    UNABLE_TO_AUTHORISE_JOIN = "M_UNABLE_TO_AUTHORISE_JOIN"
 
 
 class MatrixError(Exception):
@@ -470,3 +472,11 @@ class FederationForbiddenError(ForbiddenError):
 class FederationEventNotFoundError(NotFoundError):
     """A remote server asked for an event, or state at an event, this server does not
     hold (404 ``M_NOT_FOUND``)."""
+
+
+class UnableToAuthoriseJoinError(NamedError):
+    """A restricted join this server cannot authorise: none of its users in the room may
+    invite (400 ``M_UNABLE_TO_AUTHORISE_JOIN``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.UNABLE_TO_AUTHORISE_JOIN

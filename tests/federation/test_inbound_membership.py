@@ -18,7 +18,7 @@ from roomstream.rooms.engine import RoomEngine
 from tests.support.federation import FederationTestClient, federation_client
 from tests.support.federation import engine as engine  # fixture
 from tests.support.federation import remote_key as remote_key  # fixture
-from tests.support.rooms import ALICE, BOB, REMOTE, SERVER, public_room, remote_event
+from tests.support.rooms import ALICE, BOB, REMOTE, SERVER, public_room, remote_event, remote_join
 
 V1 = "/_matrix/federation/v1"
 V2 = "/_matrix/federation/v2"
@@ -202,3 +202,44 @@ async def _ids(engine: RoomEngine, pdus: list[dict[str, Any]]) -> list[str]:
     from roomstream.events.hashing import compute_event_id
 
     return [compute_event_id(p, room_version("12")) for p in pdus]
+
+
+async def test_a_restricted_join_is_authorised_by_a_local_user(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    space = await public_room(engine)
+    outside = await public_room(engine)
+    room_id = await public_room(engine)
+    join_space, _, _ = await remote_join(engine, remote_key, space)
+    [result] = await engine.receive_pdus([join_space.raw])
+    assert result.rejected_reason is None
+    await engine.creator.create_event(
+        room_id,
+        ALICE,
+        "m.room.join_rules",
+        {"join_rule": "restricted", "allow": [{"type": "m.room_membership", "room_id": space}]},
+        state_key="",
+    )
+    await engine.creator.create_event(
+        outside,
+        ALICE,
+        "m.room.join_rules",
+        {"join_rule": "restricted", "allow": [{"type": "m.room_membership", "room_id": outside}]},
+        state_key="",
+    )
+    async with federation_client(FederationServer(engine)) as fed:
+        status, made = await fed.call(
+            "GET", f"{V1}/make_join/{q(room_id)}/{q(BOB)}", params=[("ver", "12")]
+        )
+        assert status == 200
+        assert made["event"]["content"]["join_authorised_via_users_server"] == ALICE
+        _, (status, answer) = await handshake(fed, remote_key, room_id, "join")
+        assert status == 200, answer
+        # Counter-signed by this server, whose user authorised the join.
+        assert set(answer["event"]["signatures"]) == {REMOTE, SERVER}
+        assert await engine.store.get_membership(room_id, BOB) == "join"
+        # Bob is in none of the rooms the other room's rule allows.
+        status, answer = await fed.call(
+            "GET", f"{V1}/make_join/{q(outside)}/{q(BOB)}", params=[("ver", "12")]
+        )
+        assert (status, answer["errcode"]) == (403, "M_FORBIDDEN")

@@ -44,9 +44,18 @@ from roomstream.errors import (
     FederationTransactionTooLargeError,
     IncompatibleRoomVersionError,
     InvalidParamError,
+    UnableToAuthoriseJoinError,
     UnknownRoomError,
 )
-from roomstream.events.auth import auth_types_for_event, check_auth_rules
+from roomstream.events.auth import (
+    AUTHORISING_USER,
+    KNOCK_RESTRICTED,
+    RESTRICTED,
+    auth_types_for_event,
+    check_auth_rules,
+    get_named_level,
+    get_user_power_level,
+)
 from roomstream.events.format import ContentHashMismatchError, build_event_dict
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
@@ -247,8 +256,8 @@ class FederationServer:
                 for event in events:
                     results[event.event_id] = {}
                 return
-            except BadEventError:
-                pass  # find out which, one at a time
+            except Exception:
+                logger.info("batch of %s failed; one event at a time", room_id, exc_info=True)
         for event in events:
             results[event.event_id] = await self._receive_one(origin, event)
 
@@ -415,6 +424,10 @@ class FederationServer:
         _, extremities, current = await self.engine.persister.get_room_state(room_id)
         prevs = sorted(extremities)[:MAX_TEMPLATE_PREVS]
         content = {"membership": membership}
+        if membership == "join":
+            authoriser = await self._authorising_user(current, user_id)
+            if authoriser is not None:
+                content[AUTHORISING_USER] = authoriser
         keys = auth_types_for_event(version, EventTypes.MEMBER, user_id, user_id, content)
         auth_ids = [current[k] for k in keys if k in current]
         prev_events = await self.engine.persister.get_events(prevs)
@@ -444,6 +457,67 @@ class FederationServer:
                 f"{user_id} may not {membership}: {exc.message}"
             ) from None
         return version, template
+
+    async def _authorising_user(self, current: Mapping[StateKey, str], user_id: str) -> str | None:
+        """For a join by a rule ``restricted`` or ``knock_restricted`` of a user neither
+        joined nor invited: a local user who may invite (joined, power at least the
+        invite level; the most powerful first, then by ID, as Synapse picks), after
+        checking that the user is in one of the rooms the rule allows (as this server
+        knows it). None when the join needs no authorising.
+
+        403 when the user is in none of the allowed rooms; 400
+        ``M_UNABLE_TO_AUTHORISE_JOIN`` when no local user could authorise it."""
+        wanted = {
+            k: current[k]
+            for k in [
+                (EventTypes.JOIN_RULES, ""),
+                (EventTypes.POWER_LEVELS, ""),
+                (EventTypes.CREATE, ""),
+                (EventTypes.MEMBER, user_id),
+            ]
+            if k in current
+        }
+        events = await self.store.get_events(wanted.values())
+        by_key = {k: events[v] for k, v in wanted.items() if v in events}
+        rules = by_key.get((EventTypes.JOIN_RULES, ""))
+        rule = rules.content.get("join_rule") if rules is not None else None
+        if rule not in (RESTRICTED, KNOCK_RESTRICTED):
+            return None
+        own = by_key.get((EventTypes.MEMBER, user_id))
+        if own is not None and own.membership in ("join", "invite"):
+            return None
+        allow = rules.content.get("allow") if rules is not None else None
+        allowed_rooms = [
+            entry["room_id"]
+            for entry in (allow if isinstance(allow, list) else [])
+            if isinstance(entry, dict)
+            and entry.get("type") == "m.room_membership"
+            and isinstance(entry.get("room_id"), str)
+        ]
+        for allowed in allowed_rooms:
+            if await self.store.get_membership(allowed, user_id) == "join":
+                break
+        else:
+            raise FederationForbiddenError(
+                f"{user_id} is in none of the rooms whose members may join this room"
+            )
+        suffix = ":" + self.server_name
+        members = [
+            (key, event_id)
+            for (etype, key), event_id in current.items()
+            if etype == EventTypes.MEMBER and key.endswith(suffix)
+        ]
+        member_events = await self.store.get_events([e for _, e in members])
+        invite_level = get_named_level(by_key, "invite")
+        candidates = [
+            (get_user_power_level(key, by_key), key)
+            for key, event_id in members
+            if event_id in member_events and member_events[event_id].membership == "join"
+        ]
+        able = sorted(((-level, key) for level, key in candidates if level >= invite_level))
+        if not able:
+            raise UnableToAuthoriseJoinError(f"no user of {self.server_name} may invite here")
+        return able[0][1]
 
     async def on_make_join(
         self, origin: str, room_id: str, user_id: str, supported_versions: Sequence[str]
@@ -496,6 +570,14 @@ class FederationServer:
             raise FederationForbiddenError(f"{event.sender} is not a user of {origin}")
         if not await self._acl_allows(room_id, origin):
             raise FederationForbiddenError(f"server {origin} denied by the room's ACL")
+        authoriser = event.content.get(AUTHORISING_USER) if membership == "join" else None
+        if isinstance(authoriser, str) and server_of(authoriser) == self.server_name:
+            # A restricted join one of our users authorises: our signature vouches for it
+            # (the auth rules then check that user may invite).
+            signed = sign_event(
+                dict(event.data), self.server_name, self._signing_key(), room_version=version
+            )
+            event = await self.engine.parse_received(pdu_bytes(signed), version)
         [result] = await self.engine.receive_pdus([event.raw])
         if result.rejected_reason is not None or result.soft_failed or result.outlier:
             reason = result.rejected_reason or "not allowed by the room's current state"
