@@ -73,11 +73,18 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "InternalServerError": (500, "M_UNKNOWN"),
     "ServiceUnavailableError": (503, "M_UNAVAILABLE"),
     "FederationUnauthorizedError": (401, "M_UNAUTHORIZED"),
+    "RemoteServerError": (502, "M_UNKNOWN"),
+    # Federation, inbound room side (fedinbound).
+    "FederationTransactionTooLargeError": (400, "M_TOO_LARGE"),
+    "FederationForbiddenError": (403, "M_FORBIDDEN"),
+    "FederationEventNotFoundError": (404, "M_NOT_FOUND"),
+    "UnableToAuthoriseJoinError": (400, "M_UNABLE_TO_AUTHORISE_JOIN"),
 }
 
 #: Named errors built with more than a message (tested on their own below).
 _SPECIAL = {
     "UnknownRoomError",
+    "IncompatibleRoomVersionError",
     # (destination, message): tests/federation/test_fed_errors.py
     "FederationUnreachableError",
     "FederationDestinationRefusedError",
@@ -265,3 +272,11 @@ def test_errcodes_and_named_errors_are_defined_only_in_errors_module() -> None:
                         ):
                             found.append(f"{relative}:{statement.lineno} {target.id}")
     assert found == []
+
+
+def test_an_incompatible_room_version_names_the_version() -> None:
+    exc = errors.IncompatibleRoomVersionError("no", room_version="11")
+    assert (exc.http_status, exc.to_json()) == (
+        400,
+        {"errcode": "M_INCOMPATIBLE_ROOM_VERSION", "error": "no", "room_version": "11"},
+    )

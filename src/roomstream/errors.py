@@ -67,6 +67,8 @@ class Codes(StrEnum):
     STREAM_TOO_OLD = "IO.ROOMSTREAM.STREAM_TOO_OLD"
     #: Internal API: this instance does not write the room (after one forward).
     WRONG_WRITER = "IO.ROOMSTREAM.WRONG_WRITER"
+    #: Federation: no local user can authorise a restricted join (fedinbound).
+    UNABLE_TO_AUTHORISE_JOIN = "M_UNABLE_TO_AUTHORISE_JOIN"
 
 
 class MatrixError(Exception):
@@ -485,3 +487,49 @@ class FederationUnreachableError(NamedError):
 class FederationDestinationRefusedError(FederationUnreachableError):
     """The destination resolves to an address the ``federation.ip_range_blacklist``
     refuses (loopback, private ranges...): nothing was sent (502 ``M_UNKNOWN``)."""
+
+
+# Federation, inbound room side (fedinbound) -----------------------------------------------
+
+
+class FederationTransactionTooLargeError(NamedError):
+    """A federation transaction with more than 50 PDUs or 100 EDUs (400 ``M_TOO_LARGE``,
+    refused whole, as Synapse does)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.TOO_LARGE
+
+
+class IncompatibleRoomVersionError(NamedError):
+    """A remote server asked to join a room whose version it does not support
+    (400 ``M_INCOMPATIBLE_ROOM_VERSION``, with ``room_version``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.INCOMPATIBLE_ROOM_VERSION
+
+    def __init__(self, message: str, *, room_version: str) -> None:
+        super().__init__(message)
+        self.room_version = room_version
+
+    def to_json(self) -> dict[str, str | int]:
+        body = super().to_json()
+        body["room_version"] = self.room_version
+        return body
+
+
+class FederationForbiddenError(ForbiddenError):
+    """A remote server may not see or do this: not in the room, denied by the room's
+    server ACL, or acting for a user of another server (403 ``M_FORBIDDEN``)."""
+
+
+class FederationEventNotFoundError(NotFoundError):
+    """A remote server asked for an event, or state at an event, this server does not
+    hold (404 ``M_NOT_FOUND``)."""
+
+
+class UnableToAuthoriseJoinError(NamedError):
+    """A restricted join this server cannot authorise: none of its users in the room may
+    invite (400 ``M_UNABLE_TO_AUTHORISE_JOIN``)."""
+
+    HTTP_STATUS = 400
+    ERRCODE = Codes.UNABLE_TO_AUTHORISE_JOIN

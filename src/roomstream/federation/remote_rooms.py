@@ -266,12 +266,10 @@ class RemoteRoomsClient:
         if (EventTypes.CREATE, "") not in state:
             raise RemoteServerError(f"{server} answered a room state without its create event")
         raws.pop(join.event_id, None)
-        results = await self.engine.receive_pdus(
-            [*raws.values(), join.raw],
-            as_outliers=set(raws),
-            state_before={join.event_id: state},
+        await self.engine.receive_pdus(list(raws.values()), outliers=True)
+        [outcome] = await self.engine.receive_pdus(
+            [join.raw], state_before={join.event_id: [state]}
         )
-        outcome = results[-1]
         if outcome.rejected_reason is not None:
             raise ForbiddenError(
                 f"the join was refused by the room's rules: {outcome.rejected_reason}"

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence
 
 import orjson
 from signedjson.types import SigningKey
@@ -27,7 +27,7 @@ from roomstream.events.signing import (
 )
 from roomstream.events.types import EventTypes
 from roomstream.rooms.creation import LocalEventCreator
-from roomstream.rooms.keys import KeyNeed, ServerKeyStore, keys_valid_at, local_key_map
+from roomstream.rooms.keys import ServerKeyStore, local_key_map
 from roomstream.rooms.participants import PersistParticipant
 from roomstream.rooms.persist import EventPersister, PersistedEvent
 from roomstream.rooms.store import EventStore
@@ -122,24 +122,22 @@ class RoomEngine:
         *,
         backfilled: bool = False,
         trust_unsigned: bool = False,
-        as_outliers: Set[str] = frozenset(),
-        state_before: Mapping[str, StateMap] | None = None,
+        outliers: bool = False,
+        state_before: Mapping[str, Sequence[StateMap]] | None = None,
     ) -> list[PersistedEvent]:
         """Parse, check and persist PDUs from another server; results in input order.
 
         The spec's checks on receipt, in order: format (:func:`parse_pdu`); signatures of
         every server that must sign (:func:`check_event_signatures`, keys from
-        :attr:`keys`, valid at the event's ``origin_server_ts``; keys the store lacks are
-        fetched through its fetcher, once for the batch) unless the caller says the input
-        is trusted (``trust_unsigned``, for data whose origin is vouched for otherwise);
-        then the content hash, where a mismatch means the event is used in its redacted
-        form (the result says ``redacted_on_receipt``); then the auth rules (failures are
-        stored as rejected).
+        :attr:`keys`) unless the caller says the input is trusted (``trust_unsigned``,
+        for data whose origin is vouched for otherwise); then the content hash, where a
+        mismatch means the event is used in its redacted form (the result says
+        ``redacted_on_receipt``); then the auth rules (failures are stored as rejected).
 
         Nothing is stored unless every PDU passes the format and signature checks. A
         batch may open a new room: its create event gives the version of the others.
-        ``as_outliers`` and ``state_before`` (by event ID): see
-        :meth:`EventPersister.persist_events` (how a room joined over federation arrives).
+        ``outliers`` and ``state_before`` are :meth:`EventPersister.persist_events`'s
+        (events fetched as outliers; the state at a gap in the DAG).
         """
         decoded = [_decode(raw) for raw in raws]
         # Rooms opened by this batch: their versions come from its create events.
@@ -160,14 +158,14 @@ class RoomEngine:
             if redacted:
                 mismatched.add(event.event_id)
         if not trust_unsigned:
-            needs = [need for event in events for need in _key_needs(event)]
-            known = await self.keys.verify_keys_at(needs)
+            servers = {s for e in events for s in required_signers(e.data)}
+            known = await self.keys.verify_keys(servers)
             for event in events:
-                check_event_signatures(event, keys_valid_at(known, _signed_at(event)))
+                check_event_signatures(event, known)
         for event_id in sorted(mismatched):
             logger.warning("content hash of %s does not match: using its redacted form", event_id)
         results = await self.persister.persist_events(
-            events, backfilled=backfilled, as_outliers=as_outliers, state_before=state_before
+            events, backfilled=backfilled, outliers=outliers, state_before=state_before
         )
         return [
             # (An event stored before keeps what it was stored as.)
@@ -195,26 +193,6 @@ class RoomEngine:
         if data.get("type") == EventTypes.CREATE:
             return _create_version(data)
         return await self._stored_or_new_version(data, {})
-
-
-def _signed_at(event: Event) -> int:
-    """When the event says it was signed (its ``origin_server_ts``; 0 if it says not)."""
-    ts = event.data.get("origin_server_ts")
-    return ts if isinstance(ts, int) and not isinstance(ts, bool) else 0
-
-
-def _key_needs(event: Event) -> list[KeyNeed]:
-    """The keys that may verify ``event``'s required signatures (every key ID each
-    required server signed with, valid at the event's time)."""
-    signatures = event.data.get("signatures")
-    signatures = signatures if isinstance(signatures, dict) else {}
-    needs = []
-    for server in sorted(required_signers(event.data)):
-        by_server = signatures.get(server)
-        for kid in sorted(by_server) if isinstance(by_server, dict) else ():
-            if isinstance(kid, str):
-                needs.append(KeyNeed(server, kid, _signed_at(event)))
-    return needs
 
 
 def _decode(raw: bytes) -> dict[str, object]:

@@ -372,25 +372,19 @@ class EventPersister:
         *,
         backfilled: bool = False,
         local: bool = False,
-        as_outliers: Set[str] = frozenset(),
-        state_before: Mapping[str, StateMap] | None = None,
+        outliers: bool = False,
+        state_before: Mapping[str, Sequence[StateMap]] | None = None,
     ) -> list[PersistedEvent]:
         """Persist events of any rooms, in any order; results follow the input order.
 
-        What a server joining a room over federation is given (see
-        :mod:`roomstream.federation`) is stored with the last two:
-
-        - ``as_outliers``: events stored as outliers whatever their prev events (the state
-          and auth chain a resident server sent): checked against their own auth events
-          only, never given state, never extremities nor current state;
-        - ``state_before``: event ID -> the state before that event, for events whose prev
-          events this server does not have (the join event, whose state the resident
-          server vouched for; a gap's far side). Such an event is checked against that
-          state and, if accepted, becomes a forward extremity; it is never soft-failed
-          (the state given is the room's as far as this server can know). Every event the
-          given state names must be stored or in the batch.
+        ``outliers``: store every event as an outlier, whatever its prev events (events
+        fetched for their own sake, e.g. the state at a gap: the spec's outliers).
+        ``state_before``: event ID -> the room's states after its prev events that are
+        not known here, as another server vouched for them (the state at a gap in the
+        DAG): such an event is then not an outlier but gets the resolution of those
+        states and of the states after its known prev events, and is checked against it
+        like any other. The state events named must be stored (as outliers, say).
         """
-        given = dict(state_before or {})
         by_room: dict[str, list[Event]] = defaultdict(list)
         for event in events:
             by_room[event.room_id].append(event)
@@ -413,8 +407,8 @@ class EventPersister:
                         part,
                         backfilled,
                         local,
-                        as_outliers=as_outliers,
-                        state_before=given,
+                        outliers=outliers,
+                        state_before=state_before,
                     )
                     for part in parts
                 ]
@@ -438,8 +432,8 @@ class EventPersister:
         local: bool,
         *,
         transaction_ids: Mapping[str, TransactionKey] | None = None,
-        as_outliers: Set[str] = frozenset(),
-        state_before: Mapping[str, StateMap] | None = None,
+        outliers: bool = False,
+        state_before: Mapping[str, Sequence[StateMap]] | None = None,
     ) -> asyncio.Future[dict[str, PersistedEvent]]:
         """Decide the fate and state of events of one room and queue them for commit.
 
@@ -492,8 +486,8 @@ class EventPersister:
                 backfilled,
                 local,
                 {e.event_id for e in revisits},
-                as_outliers,
-                state_before or {},
+                outliers=outliers,
+                given_states=state_before or {},
             )
         except BaseException:
             # The chain index may hold part of the batch: reload the room next time.
@@ -689,18 +683,17 @@ class EventPersister:
         backfilled: bool,
         local: bool,
         revisits: Set[str] = frozenset(),
-        as_outliers: Set[str] = frozenset(),
-        given_states: Mapping[str, StateMap] | None = None,
+        *,
+        outliers: bool = False,
+        given_states: Mapping[str, Sequence[StateMap]] | None = None,
     ) -> tuple[list[_Context], dict[str, GroupRef] | None, tuple[GroupRef, StateMap] | None]:
         """Decide each event's fate and state, in order, as if persisted one by one.
 
         Returns the contexts, and the room's new forward extremities and current state
         (None when unchanged). Backfilled events never change either. ``revisits`` are
         stored outliers decided again: those that still lack state are left as stored
-        (no context), the others are decided as if received now. ``as_outliers`` and
-        ``given_states``: see :meth:`persist_events`.
+        (no context), the others are decided as if received now.
         """
-        given_states = given_states or {}
         contexts: dict[str, _Context] = {}
         ids = [e.event_id for e in events]
         referenced = {p for e in events for p in e.prev_event_ids} | {
@@ -773,6 +766,9 @@ class EventPersister:
                     event.event_id, auth_ids, chain_key=event.state_tuple
                 )
 
+            if outliers and not revisit:
+                ctx.outlier = True  # fetched for its own sake: no state (see persist_events)
+                continue
             # 2. The state before it, if every prev event has state.
             prevs = event.prev_event_ids
             prev_groups: list[GroupRef] = []
@@ -781,15 +777,18 @@ class EventPersister:
                     prev_groups.append(contexts[prev].after)
                 elif prev in known_groups:
                     prev_groups.append(known_groups[prev][1])
-            given = given_states.get(event.event_id)
-            if event.event_id in as_outliers:
-                ctx.outlier = True
-                continue
-            if given is not None:
-                state_before: StateMap = dict(given)
-                ctx.before = PendingGroup(None, dict(state_before), {}, state_before)
-            elif event.type == EventTypes.CREATE and not prevs:
-                state_before = {}
+            given = None if given_states is None else given_states.get(event.event_id)
+            at_gap = False
+            if event.type == EventTypes.CREATE and not prevs:
+                state_before: StateMap = {}
+            elif given and prevs and len(prev_groups) < len(prevs):
+                # A gap: the states after the missing prev events come from elsewhere
+                # (fresh groups), resolved with the states after the known ones.
+                gaps: list[GroupRef] = [PendingGroup(None, dict(g), {}, dict(g)) for g in given]
+                at_gap = True
+                ctx.before, state_before = await self._state_before(
+                    room, [*gaps, *prev_groups], contexts, memo
+                )
             elif not prevs or len(prev_groups) < len(prevs):
                 ctx.outlier = True
                 continue
@@ -809,10 +808,18 @@ class EventPersister:
                 ctx.rejected_reason is None
                 and not local
                 and not backfilled
-                and given is None
                 and state_before is not current
             ):
-                reason = await self._auth_against(room, event, current, contexts, passed_with)
+                against = current
+                if at_gap:
+                    # The state at a gap holds what happened on the other side of it: the
+                    # room's state is that resolved with the current one (as Synapse's
+                    # soft-failure check does), else an event after a membership change
+                    # we never saw would always fail.
+                    _, against = await self._state_before(
+                        room, [current_group, ctx.before], contexts, memo
+                    )
+                reason = await self._auth_against(room, event, against, contexts, passed_with)
                 ctx.soft_failed = reason is not None
 
             # The state after it.

@@ -109,6 +109,8 @@ TABLE_OWNERS: Mapping[str, str] = {
     "federation_stream_position": "roomstream.federation.catchup",
     "destinations": "roomstream.federation.catchup",
     "destination_rooms": "roomstream.federation.catchup",
+    # Federation, inbound: answered transactions (idempotent /send).
+    "federation_received_transactions": "roomstream.federation.transactions",
 }
 
 #: Modules whose SQL names the table through a variable, and the tables it may be (each
