@@ -42,10 +42,16 @@ from roomstream.client import ClientProcess, build_client_api
 from roomstream.config import Config, ConfigError, HttpConfig
 from roomstream.federation.auth import Authenticate, OriginRateLimiter, make_authenticator
 from roomstream.federation.client import FederationClient
+from roomstream.federation.edus import FederationEdus
 from roomstream.federation.key_routes import install_key_routes
 from roomstream.federation.keyring import Keyring, OldSigningKey
 from roomstream.federation.listener import RouteInstaller, federation_listener
+from roomstream.federation.queries import FederationQueries
+from roomstream.federation.query_routes import install_query_routes
 from roomstream.federation.remote_rooms import RemoteRoomsClient
+from roomstream.federation.room_routes import install_room_routes
+from roomstream.federation.sender import FederationSender
+from roomstream.federation.server import FederationServer
 from roomstream.httpbase import http_metrics_middleware, matrix_error_middleware
 from roomstream.listener import HttpListener
 from roomstream.lru import configure_sizes
@@ -158,14 +164,19 @@ class FederationTransport:
 
 
 def federation_route_installers(
-    transport: FederationTransport, client: ClientProcess | None
+    transport: FederationTransport,
+    server: FederationServer | None = None,
+    queries: FederationQueries | None = None,
 ) -> list[RouteInstaller]:
-    """What the federation listener serves: the extension point where the Server-Server
-    API's parts are put together. Each installer registers its routes on the listener's
-    application; the room routes (``install_room_routes(app, server,
-    transport.authenticate)``) and the query routes (``install_query_routes``) go here
-    beside the key routes."""
-    return [lambda app: install_key_routes(app, transport.keyring)]
+    """What the federation listener serves: the key routes always; the room side
+    (``/send``, the event and state queries, the membership handshakes) with ``server``;
+    the queries of users, aliases, keys, the directory and media with ``queries``."""
+    installers: list[RouteInstaller] = [lambda app: install_key_routes(app, transport.keyring)]
+    if server is not None:
+        installers.append(lambda app: install_room_routes(app, server, transport.authenticate))
+    if queries is not None:
+        installers.append(lambda app: install_query_routes(app, queries, transport.authenticate))
+    return installers
 
 
 class Homeserver:
@@ -200,6 +211,10 @@ class Homeserver:
         self.federation: FederationTransport | None = None
         #: The federation listener (in federation.instance only).
         self.federation_http: HttpListener | None = None
+        #: The room side of the Server-Server API (None without federation).
+        self.federation_server: FederationServer | None = None
+        #: The federation sender (on the federation_sender_instances only).
+        self.federation_sender: FederationSender | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -232,6 +247,8 @@ class Homeserver:
             if presence_writer is not None:
                 node.command_listeners.append(presence_writer.on_command)
             await self.client.start()
+        if self.federation is not None:
+            await self._start_federation(self.federation)
         if me.internal_port is not None:
             forwarded = self.client.forwarded.bindings() if self.client is not None else []
             self.internal = internal = InternalHttpServer(
@@ -254,8 +271,13 @@ class Homeserver:
         if self.federation is not None and federation.port is not None:
             transport = self.federation
             if config.instance_name == federation.instance:
+                queries = None
+                if self.client is not None:
+                    queries = FederationQueries.for_client_process(self.client, self.engine)
                 self.federation_http = listener = federation_listener(
-                    federation_route_installers(transport, self.client), federation, config.http
+                    federation_route_installers(transport, self.federation_server, queries),
+                    federation,
+                    config.http,
                 )
                 try:
                     port = await listener.start(federation.bind_host, federation.port)
@@ -264,11 +286,37 @@ class Homeserver:
                     raise ConfigError(f"federation.port: cannot listen on {where}: {exc}") from None
                 logger.info("federation listening on %s:%d (TLS)", federation.bind_host, port)
 
+    async def _start_federation(self, transport: FederationTransport) -> None:
+        """The room side of the Server-Server API (with the EDUs into the Client-Server
+        API's services) and, on a sender instance, the federation sender."""
+        config, engine, node = self.config, self.engine, self.replication
+        edus = None
+        self.federation_server = server = FederationServer(engine, client=transport.client)
+        if self.client is not None:
+            edus = FederationEdus.for_client_process(
+                self.client, engine, server_allowed=server.acl_allows
+            )
+            server.edus = edus
+        if config.instance_name in config.federation_sender_instances:
+            self.federation_sender = sender = FederationSender(
+                engine, config, transport.client, send_command=node.send_command
+            )
+            node.listeners.append(sender)
+            node.command_listeners.append(sender.on_command)
+            if self.client is not None:
+                me = config.instance_name
+                self.client.typing_row_listeners.append(
+                    lambda token, rows: sender.on_replicated_rows("typing", me, token, rows)
+                )
+            await sender.start()
+
     async def stop(self) -> None:
-        """Stop listening, then replication (which stores and announces the local
-        positions), then the Client-Server API's services."""
+        """Stop listening, then the federation sender, then replication (which stores and
+        announces the local positions), then the Client-Server API's services."""
         if self.federation_http is not None:
             await self.federation_http.close()
+        if self.federation_sender is not None:
+            await self.federation_sender.stop()
         if self.federation is not None:
             await self.federation.close()
         if self.client_http is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -286,6 +287,11 @@ async def test_kicked_and_rescinded_invitee_servers_hear_of_it(
     running.append(sender)
     await sender.start()
     creator = engine.creator
+
+    async def invitee_server_accepts(event: Any, stripped: Any) -> Any:
+        return event  # (what /invite does is tested in test_remote_join.py)
+
+    creator.remote_invite = invitee_server_accepts
     invitee = f"@user:{r3}"
     invite = await creator.create_event(
         room, ALICE, "m.room.member", {"membership": "invite"}, state_key=invitee

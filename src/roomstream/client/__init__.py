@@ -173,6 +173,9 @@ class ClientProcess:
         self.userdata = UserData(engine.streams, config.instance_name)
         self.typing_state = TypingState()
         self.typing: TypingWriter | None = None
+        #: Told (token, rows) of typing rows this process writes (the ``typing`` stream
+        #: is in memory: other processes hear them over replication, this one here).
+        self.typing_row_listeners: list[Callable[[int, list[tuple[str, list[str]]]], None]] = []
         if typing_stream is not None:
             stream = typing_stream
 
@@ -181,6 +184,8 @@ class ClientProcess:
                 if announce is not None:
                     announce("typing")
                 self.notifier.notify_rows("typing", rows)
+                for listener in self.typing_row_listeners:
+                    listener(token, rows)
                 return token
 
             self.typing = TypingWriter(self.typing_state, append_typing)

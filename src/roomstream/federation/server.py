@@ -286,6 +286,10 @@ class FederationServer:
         except Exception:
             logger.warning("EDU %s from %s failed", edu_type, origin, exc_info=True)
 
+    async def acl_allows(self, server_name: str, room_id: str) -> bool:
+        """Whether the room's ``m.room.server_acl`` lets ``server_name`` in (EDUs too)."""
+        return await self._acl_allows(room_id, server_name)
+
     async def _acl_allows(self, room_id: str, server_name: str) -> bool:
         acl_id = await self.store.get_current_state_entry(room_id, (EventTypes.SERVER_ACL, ""))
         if acl_id is None:
