@@ -244,6 +244,11 @@ class FederationServer:
         events: list[Event],
         results: dict[str, dict[str, str]],
     ) -> None:
+        if await self.store.get_current_state_entry(room_id, (EventTypes.CREATE, "")) is None:
+            # Known only through an out-of-band membership (an invite): not in the room.
+            for event in events:
+                results[event.event_id] = {"error": f"this server is not in {room_id}"}
+            return
         if not await self._acl_allows(room_id, origin):
             for event in events:
                 results[event.event_id] = {"error": f"server {origin} denied by the room's ACL"}
