@@ -164,7 +164,10 @@ class FederationServer:
                 await self.transactions.store(origin, transaction_id, answer, self._now_ms())
             future.set_result(answer)
             return answer
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            future.cancel()  # a retry waiting on it processes the transaction again
+            raise
+        except Exception as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: waiters get it, nobody else must
             raise
@@ -305,7 +308,7 @@ class FederationServer:
     async def _room_version(self, room_id: str) -> RoomVersion:
         version = await self.store.get_room_version(room_id)
         if version is None:
-            raise UnknownRoomError(f"unknown room {room_id}")
+            raise UnknownRoomError(room_id)
         return version
 
     async def _event_in_room(self, room_id: str, event_id: str) -> Event:
