@@ -243,3 +243,79 @@ async def test_a_restricted_join_is_authorised_by_a_local_user(
             "GET", f"{V1}/make_join/{q(outside)}/{q(BOB)}", params=[("ver", "12")]
         )
         assert (status, answer["errcode"]) == (403, "M_FORBIDDEN")
+
+
+async def test_an_invited_room_not_held_here_takes_no_pdus(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    room_id = "!elsewhere:remote.test"
+    invite = remote_event(
+        remote_key,
+        ROOM_V11,
+        room_id,
+        BOB,
+        "m.room.member",
+        {"membership": "invite"},
+        ["$prev"],
+        ["$create"],
+        5,
+        state_key=ALICE,
+    )
+    message = remote_event(
+        remote_key,
+        ROOM_V11,
+        room_id,
+        BOB,
+        "m.room.message",
+        {"msgtype": "m.text", "body": "hi"},
+        [invite.event_id],
+        ["$create"],
+        6,
+    )
+    async with federation_client(FederationServer(engine)) as fed:
+        status, _ = await fed.call(
+            "PUT",
+            f"{V2}/invite/{q(room_id)}/{q(invite.event_id)}",
+            {"event": dict(invite.data), "room_version": "11"},
+        )
+        assert status == 200
+        assert await engine.store.get_membership(room_id, ALICE) == "invite"
+        meta = await engine.store.get_meta([invite.event_id])
+        assert meta[invite.event_id].outlier
+        status, answer = await fed.call(
+            "PUT", f"{V1}/send/t1", {"pdus": [dict(message.data)], "edus": []}
+        )
+    assert status == 200
+    assert "not in" in answer["pdus"][message.event_id]["error"]
+    assert await engine.store.get_event(message.event_id) is None
+
+
+async def test_an_invite_into_a_room_held_here_is_a_plain_outlier(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    room_id = await public_room(engine)
+    join, _, _ = await remote_join(engine, remote_key, room_id)
+    await engine.receive_pdus([join.raw])
+    current = await engine.store.get_current_state(room_id)
+    invite = remote_event(
+        remote_key,
+        room_version("12"),
+        room_id,
+        BOB,
+        "m.room.member",
+        {"membership": "invite"},
+        [join.event_id],
+        [current[("m.room.power_levels", "")], join.event_id],
+        join.depth + 1,
+        state_key="@carol:local.test",
+    )
+    async with federation_client(FederationServer(engine)) as fed:
+        status, _ = await fed.call(
+            "PUT",
+            f"{V2}/invite/{q(room_id)}/{q(invite.event_id)}",
+            {"event": dict(invite.data), "room_version": "12"},
+        )
+    assert status == 200
+    assert (await engine.store.get_meta([invite.event_id]))[invite.event_id].outlier
+    # The room's state is its own: the invite arrives there through /send.
+    assert await engine.store.get_current_state(room_id) == current

@@ -306,3 +306,50 @@ async def test_fuzzed_transactions_are_never_answered_5xx(
         assert status == 400
         status, _ = await fed.call("PUT", SEND + "array", raw=b"[]")
         assert status == 400
+
+
+async def test_fuzzed_bodies_of_the_other_routes_are_never_answered_5xx(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    room_id = await joined_room(engine, remote_key)
+    [tip] = await engine.store.get_forward_extremities(room_id)
+    seen: list[Any] = []
+
+    @settings(
+        max_examples=60,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(pdu_like, json_values)
+    def collect(pdu: Any, other: Any) -> None:
+        seen.append((pdu, other))
+
+    collect()
+    routes = [
+        f"/_matrix/federation/v2/send_join/{room_id}/{tip}",
+        f"/_matrix/federation/v2/send_leave/{room_id}/{tip}",
+        f"/_matrix/federation/v1/send_knock/{room_id}/{tip}",
+        f"/_matrix/federation/v2/invite/{room_id}/{tip}",
+    ]
+    async with federation_client(FederationServer(engine)) as fed:
+        for i, (pdu, other) in enumerate(seen):
+            pdu = {**pdu, "room_id": room_id} if pdu.get("room_id") == "ROOM" else pdu
+            path = routes[i % len(routes)]
+            body = (
+                {"event": pdu, "room_version": other if i % 2 else "12"}
+                if "invite" in path
+                else pdu
+            )
+            status, answer = await fed.call("PUT", path.replace("!", "%21"), body)
+            assert status < 500, (path, body, answer)
+            missing = {"earliest_events": other, "latest_events": [tip], "limit": other}
+            status, answer = await fed.call(
+                "POST", f"/_matrix/federation/v1/get_missing_events/{room_id}", missing
+            )
+            assert status < 500, (missing, answer)
+            status, answer = await fed.call(
+                "GET",
+                f"/_matrix/federation/v1/backfill/{room_id}",
+                params={"v": str(other)[:50], "limit": str(other)[:5]},
+            )
+            assert status < 500, (other, answer)

@@ -81,6 +81,8 @@ MAX_EDUS = 100
 MAX_TEMPLATE_PREVS = 10
 #: Most events a backfill or get_missing_events answer holds.
 MAX_BACKFILL = 100
+#: Most stripped state events kept with an invite from another server.
+MAX_STRIPPED = 50
 #: The stripped state given with a knock or invite (the spec's recommendation).
 STRIPPED_STATE_TYPES = (
     EventTypes.CREATE,
@@ -162,7 +164,10 @@ class FederationServer:
                 await self.transactions.store(origin, transaction_id, answer, self._now_ms())
             future.set_result(answer)
             return answer
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            future.cancel()  # a retry waiting on it processes the transaction again
+            raise
+        except Exception as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: waiters get it, nobody else must
             raise
@@ -242,6 +247,11 @@ class FederationServer:
         events: list[Event],
         results: dict[str, dict[str, str]],
     ) -> None:
+        if await self.store.get_current_state_entry(room_id, (EventTypes.CREATE, "")) is None:
+            # Known only through an out-of-band membership (an invite): not in the room.
+            for event in events:
+                results[event.event_id] = {"error": f"this server is not in {room_id}"}
+            return
         if not await self._acl_allows(room_id, origin):
             for event in events:
                 results[event.event_id] = {"error": f"server {origin} denied by the room's ACL"}
@@ -302,7 +312,7 @@ class FederationServer:
     async def _room_version(self, room_id: str) -> RoomVersion:
         version = await self.store.get_room_version(room_id)
         if version is None:
-            raise UnknownRoomError(f"unknown room {room_id}")
+            raise UnknownRoomError(room_id)
         return version
 
     async def _event_in_room(self, room_id: str, event_id: str) -> Event:
@@ -647,12 +657,11 @@ class FederationServer:
     async def on_invite(
         self, origin: str, room_id: str, event_id: str, body: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """An invite of one of our users to a room on another server (v2): checked and
-        counter-signed with our key; the signed event is the answer.
-
-        Not done yet: storing it (as an outlier with its ``invite_room_state``) so that
-        the invited user sees it in /sync; that needs the persister to accept an event
-        of a room this server does not hold."""
+        """An invite of one of our users (v2): checked, counter-signed with our key, and
+        stored as an out-of-band membership (an outlier that is the user's membership
+        in a room not held here) with the ``invite_room_state`` the inviting server gave
+        in its ``unsigned``, so the invited user sees it in /sync; the signed event is
+        the answer."""
         version_id = body.get("room_version")
         if not isinstance(version_id, str) or version_id not in KNOWN_ROOM_VERSIONS:
             raise IncompatibleRoomVersionError(
@@ -683,10 +692,33 @@ class FederationServer:
         signed = sign_event(
             dict(event.data), self.server_name, self._signing_key(), room_version=version
         )
+        # Stored with the stripped state the inviting server gave, in ``unsigned`` (which
+        # hashes and signatures leave out), for the invited user's /sync.
+        stripped = body.get("invite_room_state")
+        if not isinstance(stripped, list):
+            unsigned = signed.get("unsigned")
+            given = unsigned.get("invite_room_state") if isinstance(unsigned, dict) else None
+            stripped = given if isinstance(given, list) else []
+        stored = dict(signed)
+        stored["unsigned"] = {
+            "invite_room_state": [e for e in stripped if _is_stripped_event(e)][:MAX_STRIPPED]
+        }
+        await self.engine.receive_out_of_band_membership(pdu_bytes(stored), version)
         return {"event": signed}
 
     def _signing_key(self) -> SigningKey:
         return self.engine.creator.signing_key
+
+
+def _is_stripped_event(value: object) -> bool:
+    """A stripped state event as the spec shapes it (type, state_key, sender, content)."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("type"), str)
+        and isinstance(value.get("state_key"), str)
+        and isinstance(value.get("sender"), str)
+        and isinstance(value.get("content"), dict)
+    )
 
 
 def _str_list(value: object) -> TypeGuard[list[str]]:

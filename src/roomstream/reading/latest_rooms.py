@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Literal
 
+import orjson
+
 from roomstream.errors import InvalidParamError
 from roomstream.events.types import EventTypes
 from roomstream.reading.changes import ChangeTracker
@@ -54,6 +56,35 @@ INVITE_STATE_TYPES = frozenset(
         EventTypes.TOPIC,
     }
 )
+
+
+def _invite_room_states_txn(
+    txn: Transaction, event_ids: Sequence[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """invite event -> the stripped state stored with it in ``unsigned.invite_room_state``
+    (an invite from another server to a room not held here: ``docs/federation/inbound.md``)."""
+    result: dict[str, list[dict[str, Any]]] = {}
+    for chunk in _chunks(list(event_ids)):
+        for event_id, raw in txn.query(
+            f"SELECT event_id, json FROM event_json WHERE event_id IN ({_marks(len(chunk))})",
+            chunk,
+        ):
+            data = orjson.loads(raw)
+            unsigned = data.get("unsigned") if isinstance(data, dict) else None
+            given = unsigned.get("invite_room_state") if isinstance(unsigned, dict) else None
+            if isinstance(given, list):
+                result[str(event_id)] = [e for e in given if isinstance(e, dict)]
+    return result
+
+
+def _with_given_state(state: list[Any], given: list[dict[str, Any]] | None) -> list[Any]:
+    """An invite's state, with the stripped state the inviting server gave for the keys
+    this server does not hold itself."""
+    if not given:
+        return state
+    held = {(e.get("type"), e.get("state_key")) for e in state}
+    extra = [e for e in given if (e.get("type"), e.get("state_key")) not in held]
+    return extra + state
 
 
 def _room_activity_txn(txn: Transaction, room_ids: Sequence[str]) -> dict[str, int]:
@@ -166,6 +197,12 @@ class LatestRooms(EventRead):
         picked, more, loaded = raw
         self._complete(loaded)
         now = self._now()
+        invites = [p[6] for p in picked if p[1] == "invite" and p[6] is not None]
+        given_state = (
+            await self.db.run_interaction("invite_room_states", _invite_room_states_txn, invites)
+            if invites
+            else {}
+        )
         rooms = []
         for room_id, membership, activity, rows, limited, state_ids, member_event, end in picked:
             # Back from the first event; without one, from where the read started when
@@ -182,7 +219,10 @@ class LatestRooms(EventRead):
                     self._format_rows(rows, loaded, now),
                     limited,
                     prev_batch,
-                    self._format_ids(state_ids, loaded, now),
+                    _with_given_state(
+                        self._format_ids(state_ids, loaded, now),
+                        given_state.get(member_event or ""),
+                    ),
                     activity,
                     None
                     if member_event is None

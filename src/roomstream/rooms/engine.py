@@ -175,6 +175,19 @@ class RoomEngine:
             for r in results
         ]
 
+    async def receive_out_of_band_membership(
+        self, raw: bytes, version: RoomVersion
+    ) -> PersistedEvent:
+        """Store a membership event of a local user in a room this server may not hold
+        (an invite from another server), after the format and signature checks: an
+        outlier that becomes the user's current membership in a room not held here
+        (``EventPersister.persist_events``'s ``out_of_band``)."""
+        event, _ = _parse(raw, version)
+        servers = required_signers(event.data)
+        check_event_signatures(event, await self.keys.verify_keys(servers))
+        [result] = await self.persister.persist_events([event], out_of_band=True)
+        return result
+
     async def _stored_or_new_version(
         self, data: dict[str, object], new_rooms: dict[str, RoomVersion]
     ) -> RoomVersion:

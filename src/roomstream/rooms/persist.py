@@ -227,6 +227,8 @@ class _Context:
     chain: tuple[ChainPosition, list[ChainLink]] | None = None
     #: A stored outlier decided again now that its prev events have state.
     revisit: bool = False
+    #: An out-of-band membership (see ``persist_events``).
+    out_of_band: bool = False
     #: How this event changed the room's current state: key -> (new, previous) event ID.
     #: One entry per change, in persistence order (the delta stream's rows).
     current_delta: dict[StateKey, tuple[str | None, str | None]] | None = None
@@ -374,8 +376,16 @@ class EventPersister:
         local: bool = False,
         outliers: bool = False,
         state_before: Mapping[str, Sequence[StateMap]] | None = None,
+        out_of_band: bool = False,
     ) -> list[PersistedEvent]:
         """Persist events of any rooms, in any order; results follow the input order.
+
+        ``out_of_band``: membership events of local users in rooms this server does not
+        hold (an invite from another server): stored as outliers without any check but
+        the caller's (signatures), and, when the room is not held here (no create event
+        stored), made the user's membership in the room's current state, so that the
+        read side sees the invite (as Synapse's out-of-band memberships). The room gets
+        a ``rooms`` row (creator unknown: empty). In a room held here, a plain outlier.
 
         ``outliers``: store every event as an outlier, whatever its prev events (events
         fetched for their own sake, e.g. the state at a gap: the spec's outliers).
@@ -409,6 +419,7 @@ class EventPersister:
                         local,
                         outliers=outliers,
                         state_before=state_before,
+                        out_of_band=out_of_band,
                     )
                     for part in parts
                 ]
@@ -434,6 +445,7 @@ class EventPersister:
         transaction_ids: Mapping[str, TransactionKey] | None = None,
         outliers: bool = False,
         state_before: Mapping[str, Sequence[StateMap]] | None = None,
+        out_of_band: bool = False,
     ) -> asyncio.Future[dict[str, PersistedEvent]]:
         """Decide the fate and state of events of one room and queue them for commit.
 
@@ -476,7 +488,7 @@ class EventPersister:
         if not fresh:
             future.set_result(results)
             return future
-        room = await self._load_room(room_id, fresh)
+        room = await self._load_room(room_id, fresh, out_of_band=out_of_band)
         # Stored outliers whose prev events arrive now are decided again, with state.
         revisits = [] if local else await self._outliers_to_revisit(room_id, fresh)
         try:
@@ -488,6 +500,7 @@ class EventPersister:
                 {e.event_id for e in revisits},
                 outliers=outliers,
                 given_states=state_before or {},
+                out_of_band=out_of_band,
             )
         except BaseException:
             # The chain index may hold part of the batch: reload the room next time.
@@ -617,13 +630,17 @@ class EventPersister:
 
     # -- loading ---------------------------------------------------------------------
 
-    async def _load_room(self, room_id: str, batch: Sequence[Event]) -> _Room:
+    async def _load_room(
+        self, room_id: str, batch: Sequence[Event], *, out_of_band: bool = False
+    ) -> _Room:
         room: _Room | None = self._rooms.get(room_id)
         if room is not None:
             return room
         loaded = await self.db.run_interaction("load_room", _load_room_txn, room_id)
         if loaded is None:
             create = next((e for e in batch if e.type == EventTypes.CREATE), None)
+            if create is None and out_of_band and batch:
+                create = batch[0]  # only its room version is used
             if create is None:
                 raise UnknownRoomError(room_id, " (and no create event in the batch)")
             version = create.room_version
@@ -686,6 +703,7 @@ class EventPersister:
         *,
         outliers: bool = False,
         given_states: Mapping[str, Sequence[StateMap]] | None = None,
+        out_of_band: bool = False,
     ) -> tuple[list[_Context], dict[str, GroupRef] | None, tuple[GroupRef, StateMap] | None]:
         """Decide each event's fate and state, in order, as if persisted one by one.
 
@@ -727,8 +745,25 @@ class EventPersister:
         memo: dict[frozenset[_GroupKey], tuple[GroupRef, StateMap]] = {}
         changed = False
 
+        room_unheld = CREATE_KEY not in room.current
         for event in events:
             await cooperate()  # a big batch must not hold the loop (other rooms wait)
+            if out_of_band:
+                # No checks (see persist_events); the membership becomes current state only
+                # in a room not held here.
+                ctx = _Context(event, outlier=True, out_of_band=True)
+                contexts[event.event_id] = ctx
+                if room_unheld and event.type == EventTypes.MEMBER and event.is_state():
+                    member_key = event.state_tuple
+                    new_state = dict(current)
+                    new_state[member_key] = event.event_id
+                    ctx.current_delta = {member_key: (event.event_id, current.get(member_key))}
+                    current_group = PendingGroup(
+                        current_group, {member_key: event.event_id}, current, new_state
+                    )
+                    current = new_state
+                    changed = True
+                continue
             revisit = event.event_id in revisits
             if revisit and not all(
                 (p in contexts and not contexts[p].outlier) or p in known_groups
@@ -1077,6 +1112,12 @@ class EventPersister:
                 )
             if event.redacts is not None and ctx.rejected_reason is None:
                 redaction_rows.append((event.event_id, event.redacts))
+            if ctx.out_of_band:
+                txn.execute(
+                    "INSERT INTO rooms (room_id, room_version, creator) VALUES (?, ?, ?)"
+                    " ON CONFLICT (room_id) DO NOTHING",
+                    (room.room_id, room.version.identifier, ""),
+                )
             if event.type == EventTypes.CREATE and ctx.rejected_reason is None:
                 creator = event.content.get("creator", event.sender)
                 txn.execute(
