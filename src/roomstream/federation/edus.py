@@ -27,8 +27,9 @@ Invariants (Synapse's checks):
   (``m.room.server_acl``, when a check is given) lets ``origin`` in (MSC4163);
 - to-device messages are queued only for users of this server;
 - :meth:`FederationEdus.on_edu` never raises: invalid content, an unknown EDU type or a
-  failing service are logged and the EDU is dropped (the transaction still succeeds,
-  as in Synapse).
+  failing service are logged and the EDU is dropped, and the transaction still
+  succeeds (Synapse too drops invalid content, but fails the transaction when a
+  service fails, so that to-device messages are retried: not done here).
 """
 
 from __future__ import annotations
