@@ -91,10 +91,17 @@ class Recorder:
         self.spoken_for.append(user_id)
 
     async def put_receipt(
-        self, room_id: str, receipt_type: str, user_id: str, event_id: str, thread: str | None
+        self,
+        room_id: str,
+        receipt_type: str,
+        user_id: str,
+        event_id: str,
+        thread: str | None,
+        ts: int | None,
     ) -> None:
         assert all(isinstance(v, str) for v in (room_id, receipt_type, event_id))
         assert thread is None or isinstance(thread, str)
+        assert ts is None or (type(ts) is int and 0 <= ts < 2**53)
         self.spoken_for.append(user_id)
 
     async def send_to_device(

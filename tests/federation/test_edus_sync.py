@@ -83,6 +83,7 @@ async def test_remote_receipts_plain_and_threaded(s: Scene) -> None:
     readers = event["content"][message]["m.read"]
     assert set(readers) == {BOB}
     assert "thread_id" not in readers[BOB]
+    assert readers[BOB]["ts"] == 1_700_000_000_000  # their server's time, kept
 
     threaded = {room_id: {"m.read": {BOB: {"event_ids": [message], "data": {"thread_id": "main"}}}}}
     await s.edus.on_edu(REMOTE, "m.receipt", threaded)

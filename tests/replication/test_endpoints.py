@@ -77,7 +77,10 @@ def calls(draw: st.DrawFn) -> tuple[ep.InternalEndpoint[Any, Any], Any, dict[str
             "event_id": event,
             "thread_id": thread,
         }
-        return ep.RECEIPT, ep.ReceiptCall(room, kind, user, event, thread), body
+        ts = draw(_or_none(st.integers(0, 2**53)))
+        if ts is not None:  # absent when None (older senders send none)
+            body["ts"] = ts
+        return ep.RECEIPT, ep.ReceiptCall(room, kind, user, event, thread, ts), body
     if which == "to_device":
         sender, kind, messages = draw(USER), draw(IDENT), draw(MESSAGES)
         transaction = draw(_or_none(st.tuples(TEXT, TEXT)))

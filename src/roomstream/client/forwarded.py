@@ -88,7 +88,7 @@ class ForwardedWrites:
 
     async def put_receipt(self, call: ep.ReceiptCall) -> None:
         await self.data.put_receipt(
-            call.room_id, call.receipt_type, call.user_id, call.event_id, call.thread_id
+            call.room_id, call.receipt_type, call.user_id, call.event_id, call.thread_id, call.ts
         )
 
     async def send_to_device(self, call: ep.ToDeviceCall) -> None:

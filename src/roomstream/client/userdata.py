@@ -144,9 +144,12 @@ class UserData:
         user_id: str,
         event_id: str,
         thread_id: str | None,
+        ts: int | None = None,
     ) -> int:
-        """Replace the user's receipt of this type (and thread) in the room."""
-        data = orjson.dumps({"ts": int(time.time() * 1000)}).decode()
+        """Replace the user's receipt of this type (and thread) in the room; made at
+        ``ts`` (ms since the epoch; None: now, as a local user's receipt is)."""
+        made = int(time.time() * 1000) if ts is None else ts
+        data = orjson.dumps({"ts": made}).decode()
         instance = self.instance_name
 
         def txn(t: Transaction, ids: list[int]) -> None:

@@ -220,11 +220,18 @@ class UserDataWriter:
                 listener(user_id, room_id, data_type)
 
     async def put_receipt(
-        self, room_id: str, receipt_type: str, user_id: str, event_id: str, thread_id: str | None
+        self,
+        room_id: str,
+        receipt_type: str,
+        user_id: str,
+        event_id: str,
+        thread_id: str | None,
+        ts: int | None = None,
     ) -> None:
+        """``ts``: when the receipt was made, if not now (another server's receipt)."""
         remote = self._remote_writer("receipts", room_id)
         if remote is None:
-            await self.data.put_receipt(room_id, receipt_type, user_id, event_id, thread_id)
+            await self.data.put_receipt(room_id, receipt_type, user_id, event_id, thread_id, ts)
             return
         assert self.http_client is not None
         await forwarded_call(
@@ -232,7 +239,7 @@ class UserDataWriter:
             self.http_client.call(
                 ep.RECEIPT,
                 remote,
-                ep.ReceiptCall(room_id, receipt_type, user_id, event_id, thread_id),
+                ep.ReceiptCall(room_id, receipt_type, user_id, event_id, thread_id, ts),
             ),
         )
 

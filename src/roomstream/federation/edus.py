@@ -7,7 +7,8 @@ streams it already reads):
 
 - ``m.typing``: the remote user types (for Synapse's ``FEDERATION_TIMEOUT``, 60 s,
   unless they stop first) in the ``typing`` stream, as a local user would;
-- ``m.receipt``: the remote users' receipts (threaded too) in the ``receipts`` stream;
+- ``m.receipt``: the remote users' receipts (threaded too) in the ``receipts`` stream,
+  with the time their server gave (``data.ts``);
 - ``m.presence``: the remote users' presence in the ``presence`` stream (shown to local
   users sharing a room with them, as local presence is);
 - ``m.device_list_update`` / ``m.signing_key_update``: the remote user's cached devices
@@ -27,8 +28,9 @@ Invariants (Synapse's checks):
   (``m.room.server_acl``, when a check is given) lets ``origin`` in (MSC4163);
 - to-device messages are queued only for users of this server;
 - :meth:`FederationEdus.on_edu` never raises: invalid content, an unknown EDU type or a
-  failing service are logged and the EDU is dropped (the transaction still succeeds,
-  as in Synapse).
+  failing service are logged and the EDU is dropped, and the transaction still
+  succeeds (Synapse too drops invalid content, but fails the transaction when a
+  service fails, so that to-device messages are retried: not done here).
 """
 
 from __future__ import annotations
@@ -98,8 +100,8 @@ class InvalidEdu(ValueError):
 
 #: (room, user, typing, timeout ms): the typing stream's writer (or the forward to it).
 SetTyping = Callable[[str, str, bool, int], Awaitable[None]]
-#: (room, receipt type, user, event, thread or None).
-PutReceipt = Callable[[str, str, str, str, "str | None"], Awaitable[object]]
+#: (room, receipt type, user, event, thread or None, when made (ms) or None: now).
+PutReceipt = Callable[[str, str, str, str, "str | None", "int | None"], Awaitable[object]]
 #: (sender, event type, user -> device -> content, (device, transaction ID)).
 SendToDevice = Callable[
     [str, str, Mapping[str, Mapping[str, Any]], "tuple[str, str] | None"], Awaitable[object]
@@ -302,13 +304,16 @@ class FederationEdus:
                 # As Synapse: an invalid thread ID counts as none.
                 if not isinstance(thread_id, str) or len(thread_id) > MAX_ID_LENGTH:
                     thread_id = None
+                ts = data.get("ts") if isinstance(data, Mapping) else None
+                if isinstance(ts, bool) or not isinstance(ts, int) or not 0 <= ts < 2**53:
+                    ts = None  # made "now" (also when absent)
                 event_id = event_ids[0]
                 if len(event_ids) > 1:
                     latest = await self.db.run_interaction(
                         "federation_receipt_event", _latest_stored_txn, room_id, event_ids
                     )
                     event_id = latest or event_id
-                await self._put_receipt(room_id, receipt_type, user_id, event_id, thread_id)
+                await self._put_receipt(room_id, receipt_type, user_id, event_id, thread_id, ts)
 
     # -- presence ----------------------------------------------------------------------
 

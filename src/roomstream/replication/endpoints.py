@@ -462,6 +462,8 @@ class ReceiptCall:
     user_id: UserId
     event_id: Identifier
     thread_id: Annotated[str | None, Id()] = None
+    #: When the receipt was made (ms since the epoch), if not now: another server's.
+    ts: Annotated[int | None, OMIT_NONE] = None
 
 
 def _bad_messages() -> MatrixError:
