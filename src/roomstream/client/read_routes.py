@@ -128,10 +128,11 @@ def read_routes(
             raise ForbiddenError(f"user {requester.user_id} forgot room {room_id}")
         # Filtered after reading (see docs/client_api.md): a page may hold fewer than
         # `limit` events, and `end` still continues after every event read.
-        events = hide_ignored(chunk.events, await ignored_by(requester))
+        ignored = await ignored_by(requester)
+        events = hide_ignored(chunk.events, ignored)
         if not event_filter.allows_all:
             events = [e for e in events if event_filter.matches(e)]
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
+        await bundle_aggregations(reader, requester.user_id, requester.device_id, events, ignored)
         body: dict[str, Any] = {"chunk": events, "start": chunk.start.to_string()}
         if chunk.end is not None:
             body["end"] = chunk.end.to_string()
@@ -163,7 +164,11 @@ def read_routes(
         before = hide_ignored(found.events_before, ignored)
         after = hide_ignored(found.events_after, ignored)
         await bundle_aggregations(
-            reader, requester.user_id, requester.device_id, [found.event, *before, *after]
+            reader,
+            requester.user_id,
+            requester.device_id,
+            [found.event, *before, *after],
+            ignored,
         )
         return json_response(
             {
@@ -197,7 +202,9 @@ def read_routes(
         )
         if event is None or event.get("room_id") != request.match_info["room_id"]:
             raise NotFoundError("event not found")
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, [event])
+        await bundle_aggregations(
+            reader, requester.user_id, requester.device_id, [event], await ignored_by(requester)
+        )
         return json_response(event)
 
     async def full_state(request: web.Request) -> web.Response:

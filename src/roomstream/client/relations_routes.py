@@ -23,6 +23,7 @@ from roomstream.client.server import Route, authenticate
 from roomstream.errors import InvalidParamError
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.format import ClientEvent
+from roomstream.reading.relations import attach_bundles
 from roomstream.reading.tokens import PaginationToken, RoomPosition
 
 __all__ = ["bundle_aggregations", "relations_routes"]
@@ -37,24 +38,22 @@ def _token(raw: str | None, name: str) -> PaginationToken | None:
 
 
 async def bundle_aggregations(
-    reader: RoomReader, user_id: str, device_id: str | None, events: Sequence[ClientEvent]
+    reader: RoomReader,
+    user_id: str,
+    device_id: str | None,
+    events: Sequence[ClientEvent],
+    ignored: frozenset[str] = frozenset(),
 ) -> None:
     """Add ``unsigned["m.relations"]`` to those of ``events`` that have visible
-    ``m.thread``/``m.reference`` relations (in place; each gets a new ``unsigned``
-    dict, so cached formats are never touched)."""
+    ``m.thread``/``m.reference`` relations from users ``user_id`` does not ignore (in
+    place; each gets a new ``unsigned`` dict, so cached formats are never touched).
+    One transaction: reads that can, fold this into their own (``/messages``)."""
     if not events:
         return
-    found = await reader.relation_aggregations(user_id, events, device_id=device_id)
-    if not found:
-        return
-    for event in events:
-        bundle = found.get(str(event.get("event_id")))
-        if bundle is not None:
-            unsigned = event.get("unsigned")
-            event["unsigned"] = {
-                **(unsigned if isinstance(unsigned, dict) else {}),
-                "m.relations": bundle,
-            }
+    found = await reader.relation_aggregations(
+        user_id, events, device_id=device_id, ignored=ignored
+    )
+    attach_bundles(events, found)
 
 
 def relations_routes(
@@ -87,8 +86,9 @@ def relations_routes(
             recurse=query_bool(request, "recurse"),
             device_id=requester.device_id,
         )
-        events = hide_ignored(chunk.events, await ignored_by(requester))
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
+        ignored = await ignored_by(requester)
+        events = hide_ignored(chunk.events, ignored)
+        await bundle_aggregations(reader, requester.user_id, requester.device_id, events, ignored)
         body: dict[str, Any] = {"chunk": events}
         if chunk.next_batch is not None:
             body["next_batch"] = chunk.next_batch.to_string()
@@ -118,8 +118,9 @@ def relations_routes(
             limit=limit,
             device_id=requester.device_id,
         )
-        events = hide_ignored(chunk.events, await ignored_by(requester))
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
+        ignored = await ignored_by(requester)
+        events = hide_ignored(chunk.events, ignored)
+        await bundle_aggregations(reader, requester.user_id, requester.device_id, events, ignored)
         body: dict[str, Any] = {"chunk": events}
         if chunk.next_batch is not None:
             body["next_batch"] = chunk.next_batch.to_string()

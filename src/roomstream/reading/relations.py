@@ -19,7 +19,7 @@ never edits (spec v1.7+) and never for state or redacted events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,11 +48,15 @@ from roomstream.storage import Transaction
 __all__ = [
     "MAIN_TIMELINE",
     "MAX_RECURSION_DEPTH",
+    "Related",
     "RelationReads",
     "RelationsChunk",
     "RelationsRecorder",
     "ThreadsChunk",
+    "attach_bundles",
+    "bundles_of",
     "receipt_thread_txn",
+    "related_txn",
     "relation_of",
     "threads_of_txn",
 ]
@@ -368,93 +372,183 @@ class RelationReads(EventRead):
         return rows, latest, self._load_txn(txn, rows[:limit], (), user_id, device_id)
 
     async def aggregations(
-        self, user_id: str, events: Iterable[ClientEvent], *, device_id: str | None = None
+        self,
+        user_id: str,
+        events: Iterable[ClientEvent],
+        *,
+        device_id: str | None = None,
+        ignored: frozenset[str] = frozenset(),
     ) -> dict[str, dict[str, Any]]:
         """Event ID -> its ``unsigned["m.relations"]`` for those of ``events`` (served to
         the user already) that have visible, unredacted ``m.thread`` or ``m.reference``
-        relations. State and redacted events get none (as Synapse)."""
-        parents: dict[str, tuple[str, str]] = {}
-        for event in events:
-            unsigned = event.get("unsigned")
-            if "state_key" in event or (
-                isinstance(unsigned, dict) and "redacted_because" in unsigned
-            ):
-                continue
-            event_id, room_id, sender = (
-                event.get("event_id"),
-                event.get("room_id"),
-                event.get("sender"),
-            )
-            if isinstance(event_id, str) and isinstance(room_id, str) and isinstance(sender, str):
-                parents[event_id] = (room_id, sender)
+        relations from users the user does not ignore (``ignored``). State and redacted
+        events get none (as Synapse). One transaction; the reads that serve pages
+        (``/messages``, an initial sync) read the same in their own
+        (:func:`related_txn`)."""
+        parents = _parents_of(events)
         if not parents:
             return {}
-        found, loaded = await self.db.run_interaction(
-            "relation_aggregations", self._aggregations_txn, user_id, parents, device_id
+        related, loaded = await self.db.run_interaction(
+            "relation_aggregations", self._aggregations_txn, user_id, parents, device_id, ignored
         )
-        if not found:
+        if not related.found:
             return {}
         self._complete(loaded)
-        now = self._now()
-        result: dict[str, dict[str, Any]] = {}
-        for parent, (threads, references) in found.items():
-            bundle: dict[str, Any] = {}
-            if threads:
-                latest = max(threads, key=lambda item: item[1].position)[1]
-                _, root_sender = parents[parent]
-                bundle[THREAD] = {
-                    "latest_event": self._format_rows([latest], loaded, now)[0],
-                    "count": len(threads),
-                    "current_user_participated": root_sender == user_id
-                    or any(sender == user_id for sender, _ in threads),
-                }
-            if references:
-                bundle[REFERENCE] = {"chunk": [{"event_id": r.event_id} for r in references]}
-            result[parent] = bundle
-        return result
+        return bundles_of(related, events, user_id, self._format_rows, loaded, self._now())
 
     def _aggregations_txn(
         self,
         txn: Transaction,
         user_id: str,
-        parents: Mapping[str, tuple[str, str]],
+        parents: Mapping[str, str],
         device_id: str | None,
-    ) -> tuple[dict[str, tuple[list[tuple[str, _Row]], list[_Row]]], _Loaded]:
-        candidates: list[tuple[str, str, str, _Row]] = []
-        for chunk in _chunks(list(parents)):
-            for r in txn.query(
-                f"SELECT r.relates_to_id, r.relation_type, r.sender, r.room_id, {_COLUMNS}"
-                " FROM event_relations r JOIN timeline_events t ON t.event_id = r.event_id"
-                f" WHERE r.relates_to_id IN ({_marks(len(chunk))})"
-                " AND r.relation_type IN ('m.thread', 'm.reference')"
-                " ORDER BY r.topological_ordering, r.stream_ordering",
-                chunk,
-            ):
-                parent = str(r[0])
-                if r[3] != parents[parent][0]:
-                    continue  # a relation from another room is no relation
-                row = _to_row(r[4:])
-                if row.redacted_by is None:
-                    candidates.append((parent, str(r[1]), str(r[2]), row))
-        if not candidates:
-            return {}, self._load_txn(txn, (), (), user_id, device_id)
-        rooms = list(dict.fromkeys(parents[c[0]][0] for c in candidates))
-        views, _ = _load_views_txn(txn, rooms, user_id)
-        found: dict[str, tuple[list[tuple[str, _Row]], list[_Row]]] = {}
-        for parent, rel_type, sender, row in candidates:
-            if not views[parents[parent][0]].visible(row):
-                continue
-            threads, references = found.setdefault(parent, ([], []))
-            if rel_type == THREAD:
-                threads.append((sender, row))
-            else:
-                references.append(row)
-        latest = [
-            max(threads, key=lambda item: item[1].position)[1]
-            for threads, _ in found.values()
-            if threads
-        ]
-        return found, self._load_txn(txn, latest, (), user_id, device_id)
+        ignored: frozenset[str],
+    ) -> tuple[Related, _Loaded]:
+        related = related_txn(txn, user_id, parents, ignored)
+        return related, self._load_txn(txn, related.latest, (), user_id, device_id)
+
+
+@dataclass
+class _Aggregate:
+    """What one parent's bundle is made of: its visible, unredacted ``m.thread``
+    replies from users not ignored (oldest first), whether the viewer sent any visible
+    reply (ignored or not: participation is the viewer's own), and its visible
+    ``m.reference`` relations from users not ignored."""
+
+    threads: list[_Row]
+    participated: bool
+    references: list[_Row]
+
+
+@dataclass
+class Related:
+    """The relations read for bundled aggregations (:func:`related_txn`): ``found``:
+    parent event ID -> its :class:`_Aggregate`; ``latest``: each thread's latest reply,
+    which the read's own formatting load must include (:func:`bundles_of` formats it)."""
+
+    found: dict[str, _Aggregate]
+    latest: list[_Row]
+
+
+def _parents_of(events: Iterable[ClientEvent]) -> dict[str, str]:
+    """event ID -> room ID of the served events that may carry an aggregation (not
+    state, not redacted)."""
+    parents: dict[str, str] = {}
+    for event in events:
+        if "state_key" in event or _redacted(event):
+            continue
+        event_id, room_id = event.get("event_id"), event.get("room_id")
+        if isinstance(event_id, str) and isinstance(room_id, str):
+            parents[event_id] = room_id
+    return parents
+
+
+def _redacted(event: ClientEvent) -> bool:
+    unsigned = event.get("unsigned")
+    return isinstance(unsigned, dict) and "redacted_because" in unsigned
+
+
+def related_txn(
+    txn: Transaction,
+    user_id: str,
+    parents: Mapping[str, str],
+    ignored: frozenset[str] = frozenset(),
+    views: Mapping[str, _View] | None = None,
+) -> Related:
+    """The ``m.thread``/``m.reference`` relations of ``parents`` (event ID -> room ID)
+    that the user may see, inside the caller's transaction: one statement per 500
+    parents, plus the user's views of the rooms involved unless ``views`` holds them
+    all. Relations from another room than their parent's, redacted ones and ones the
+    user may not see are left out; so are ``ignored`` senders' (as Synapse: not counted,
+    never the latest event, no reference), though a user's own reply still counts as
+    participation. A parent's eligibility (state, redacted) is :func:`bundles_of`'s."""
+    candidates: list[tuple[str, str, str, _Row]] = []
+    for chunk in _chunks(list(parents)):
+        for r in txn.query(
+            f"SELECT r.relates_to_id, r.relation_type, r.sender, r.room_id, {_COLUMNS}"
+            " FROM event_relations r JOIN timeline_events t ON t.event_id = r.event_id"
+            f" WHERE r.relates_to_id IN ({_marks(len(chunk))})"
+            " AND r.relation_type IN ('m.thread', 'm.reference')"
+            " ORDER BY r.topological_ordering, r.stream_ordering",
+            chunk,
+        ):
+            parent = str(r[0])
+            if r[3] != parents[parent]:
+                continue  # a relation from another room is no relation
+            row = _to_row(r[4:])
+            if row.redacted_by is None:
+                candidates.append((parent, str(r[1]), str(r[2]), row))
+    if not candidates:
+        return Related({}, [])
+    rooms = list(dict.fromkeys(parents[c[0]] for c in candidates))
+    known = views or {}
+    if any(room not in known for room in rooms):
+        known = {**known, **_load_views_txn(txn, [r for r in rooms if r not in known], user_id)[0]}
+    found: dict[str, _Aggregate] = {}
+    for parent, rel_type, sender, row in candidates:
+        if not known[parents[parent]].visible(row):
+            continue
+        aggregate = found.setdefault(parent, _Aggregate([], False, []))
+        if rel_type == THREAD:
+            if sender == user_id:
+                aggregate.participated = True
+            if sender not in ignored:
+                aggregate.threads.append(row)
+        elif sender not in ignored:
+            aggregate.references.append(row)
+    latest = [max(a.threads, key=lambda row: row.position) for a in found.values() if a.threads]
+    return Related(found, latest)
+
+
+def bundles_of(
+    related: Related,
+    events: Iterable[ClientEvent],
+    user_id: str,
+    format_rows: Callable[[Iterable[_Row], _Loaded, int | None], list[ClientEvent]],
+    loaded: _Loaded,
+    now: int | None,
+) -> dict[str, dict[str, Any]]:
+    """Event ID -> ``unsigned["m.relations"]`` for those of ``events`` that may carry
+    one (not state, not redacted) and have something in ``related`` (after the
+    formatter completed ``loaded``, which holds ``related.latest``). A thread whose
+    every reply came from ignored users has no ``m.thread`` summary."""
+    result: dict[str, dict[str, Any]] = {}
+    if not related.found:
+        return result
+    for event in events:
+        event_id = event.get("event_id")
+        aggregate = related.found.get(event_id) if isinstance(event_id, str) else None
+        if aggregate is None or "state_key" in event or _redacted(event):
+            continue
+        bundle: dict[str, Any] = {}
+        if aggregate.threads:
+            latest = max(aggregate.threads, key=lambda row: row.position)
+            bundle[THREAD] = {
+                "latest_event": format_rows([latest], loaded, now)[0],
+                "count": len(aggregate.threads),
+                "current_user_participated": event.get("sender") == user_id
+                or aggregate.participated,
+            }
+        if aggregate.references:
+            bundle[REFERENCE] = {"chunk": [{"event_id": r.event_id} for r in aggregate.references]}
+        if bundle:
+            result[str(event_id)] = bundle
+    return result
+
+
+def attach_bundles(events: Iterable[ClientEvent], bundles: Mapping[str, dict[str, Any]]) -> None:
+    """Put each bundle in its event's ``unsigned["m.relations"]`` (in place; each such
+    event gets a new ``unsigned`` dict, so cached formats are never touched)."""
+    if not bundles:
+        return
+    for event in events:
+        bundle = bundles.get(str(event.get("event_id")))
+        if bundle is not None:
+            unsigned = event.get("unsigned")
+            event["unsigned"] = {
+                **(unsigned if isinstance(unsigned, dict) else {}),
+                "m.relations": bundle,
+            }
 
 
 def _readable_view_txn(txn: Transaction, user_id: str, room_id: str) -> _View:

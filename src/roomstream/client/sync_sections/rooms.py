@@ -153,7 +153,7 @@ class RoomsSection(SyncSection):
                 for e in served
                 if e.get("room_id") in moved or str(e.get("event_id")) in candidates
             ]
-        await bundle_aggregations(self.reader, user_id, ctx.device_id, served)
+        await bundle_aggregations(self.reader, user_id, ctx.device_id, served, ignored)
         if since is not None:
             newly_invited = {r for r, t in result.rooms.items() if t.membership == "invite"} | {
                 e["room_id"]
