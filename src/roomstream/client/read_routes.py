@@ -26,6 +26,7 @@ from roomstream.client.sync import SyncHandler, SyncRequest, SyncToken
 from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
 from roomstream.httpbase import parse_json_object
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
+from roomstream.reading.relations import attach_bundles
 from roomstream.reading.tokens import PaginationToken
 
 __all__ = ["read_routes"]
@@ -112,6 +113,7 @@ def read_routes(
         limit = max(1, min(limit, MAX_LIMIT))
         from_token = _token(request.query.get("from"))
         dir_value: Literal["b", "f"] = "b" if direction == "b" else "f"
+        ignored = await ignored_by(requester)
         chunk = await reader.paginate(
             requester.user_id,
             room_id,
@@ -123,16 +125,18 @@ def read_routes(
             # 403 for a user who never joined, is banned or only invited, unless the
             # room is world_readable now, and for an unknown room (as Synapse).
             check_access=True,
+            # The aggregations in the page's own transaction (one round trip).
+            aggregate=True,
+            ignored=ignored,
         )
         if chunk.departed and await store.forgotten_rooms(requester.user_id, [room_id]):
             raise ForbiddenError(f"user {requester.user_id} forgot room {room_id}")
         # Filtered after reading (see docs/client_api.md): a page may hold fewer than
         # `limit` events, and `end` still continues after every event read.
-        ignored = await ignored_by(requester)
         events = hide_ignored(chunk.events, ignored)
         if not event_filter.allows_all:
             events = [e for e in events if event_filter.matches(e)]
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events, ignored)
+        attach_bundles(events, chunk.aggregations)
         body: dict[str, Any] = {"chunk": events, "start": chunk.start.to_string()}
         if chunk.end is not None:
             body["end"] = chunk.end.to_string()

@@ -44,6 +44,7 @@ from roomstream.reading import (
     RoomTimeline,
     client_event,
 )
+from roomstream.reading.relations import attach_bundles
 from roomstream.sliding.connections import ConnectionStore, RoomSent, Snapshot
 from roomstream.sliding.request import RoomConfig, RoomFilters, SlidingRequest, parse_request
 from roomstream.sliding.store import BUMP_EVENT_TYPES, RoomEntry, SlidingStore, StateRow
@@ -530,10 +531,16 @@ class SlidingSyncHandler:
             by_limit.setdefault(plan.config.timeline_limit, []).append(plan)
         for limit, group in by_limit.items():
             pages = await self.reader.latest_pages(
-                user_id, [p.entry.room_id for p in group], limit=limit, device_id=device_id
+                user_id,
+                [p.entry.room_id for p in group],
+                limit=limit,
+                device_id=device_id,
+                # Their aggregations in the same transaction.
+                aggregate=True,
             )
             for plan in group:
                 page = pages[plan.entry.room_id]
+                attach_bundles(page.events, page.aggregations)
                 plan.timeline = _Timeline(page.events, page.limited, page.prev_batch.to_string())
                 new = changed.get(plan.entry.room_id)
                 if new is not None:
@@ -549,23 +556,18 @@ class SlidingSyncHandler:
         since_floor: int | None,
         moved_rooms: set[str],
     ) -> None:
-        """Bundle the aggregations of the plans' timelines in one read: every event of a
-        timeline read whole (initial, expanded, a room whose membership of the user
-        moved), and of the incremental ones only those the read path's change cache saw
-        a relation to since ``since_floor`` (as an incremental ``/sync``: events after
-        the position whose relations can only be after it too, so a plain message costs
-        no read)."""
+        """Bundle the aggregations of the incremental timelines in one read (those read
+        whole, initial or expanded, came with theirs from ``latest_pages``): every event
+        of a room whose membership of the user moved (older history may be shown), and
+        of the others only those the read path's change cache saw a relation to since
+        ``since_floor`` (as an incremental ``/sync``: events after the position, whose
+        relations can only be after it too, so a plain message costs no read)."""
         whole: list[ClientEvent] = []
         new: list[ClientEvent] = []
         for plan in plans:
-            if plan.timeline is None:
+            if plan.timeline is None or plan.initial or plan.expanded:
                 continue
-            if (
-                since_floor is None
-                or plan.initial
-                or plan.expanded
-                or plan.entry.room_id in moved_rooms
-            ):
+            if since_floor is None or plan.entry.room_id in moved_rooms:
                 whole.extend(plan.timeline.events)
             else:
                 new.extend(plan.timeline.events)

@@ -59,6 +59,7 @@ __all__ = [
     "related_txn",
     "relation_of",
     "threads_of_txn",
+    "with_latest",
 ]
 
 #: How many levels of relations ``recurse=true`` follows (Synapse's, as MSC3981 asks).
@@ -534,6 +535,15 @@ def bundles_of(
         if bundle:
             result[str(event_id)] = bundle
     return result
+
+
+def with_latest(rows: list[_Row], related: Related) -> list[_Row]:
+    """``rows`` and the threads' latest replies the aggregations format (each once): what
+    a read that folds the aggregations in loads for formatting."""
+    if not related.latest:
+        return rows
+    served = {r.event_id for r in rows}
+    return [*rows, *(r for r in related.latest if r.event_id not in served)]
 
 
 def attach_bundles(events: Iterable[ClientEvent], bundles: Mapping[str, dict[str, Any]]) -> None:
