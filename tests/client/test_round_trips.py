@@ -366,6 +366,20 @@ async def test_messages_with_relations_cost_no_more_round_trips(homeserver: Home
     assert related == plain == ["paginate"], (plain, related)
     bundle = next(e for e in page["chunk"] if e["event_id"] == root)["unsigned"]["m.relations"]
     assert bundle["m.thread"]["count"] == 1 and len(bundle["m.reference"]["chunk"]) == 1
+    # /context, /relations and /threads likewise: one transaction each, the read's own
+    # (the root, served by /context and /threads, comes with its bundle).
+    reads = {
+        f"/rooms/{related_room}/context/{root}?limit=10": "event_context",
+        f"/rooms/{related_room}/relations/{root}": "relations",
+        f"/rooms/{related_room}/threads": "threads",
+    }
+    for path, name in reads.items():
+        with counted_round_trips(hs.engine.db) as calls:
+            answer = await hs.ok("GET", path, token=related_user.token)
+        assert calls == [name], (path, calls)
+        served = {e["event_id"]: e for e in answer.get("chunk") or [answer["event"]]}
+        if root in served:
+            assert served[root]["unsigned"]["m.relations"]["m.thread"]["count"] == 1, path
 
 
 async def test_initial_sync_with_relations_costs_no_more_round_trips(

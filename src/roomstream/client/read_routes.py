@@ -153,6 +153,7 @@ def read_routes(
     async def context(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         limit = min(query_int(request, "limit", 10), MAX_LIMIT)
+        ignored = await ignored_by(requester)
         found = await reader.context(
             requester.user_id,
             request.match_info["room_id"],
@@ -160,20 +161,15 @@ def read_routes(
             before=limit // 2,
             after=limit - limit // 2,
             device_id=requester.device_id,
+            aggregate=True,
+            ignored=ignored,
         )
-        ignored = await ignored_by(requester)
         if not hide_ignored([found.event], ignored):
             # Hidden from this user as an event they may not see (Synapse: 403).
             raise ForbiddenError("you may not see that event")
         before = hide_ignored(found.events_before, ignored)
         after = hide_ignored(found.events_after, ignored)
-        await bundle_aggregations(
-            reader,
-            requester.user_id,
-            requester.device_id,
-            [found.event, *before, *after],
-            ignored,
-        )
+        attach_bundles([found.event, *before, *after], found.aggregations)
         return json_response(
             {
                 "event": found.event,

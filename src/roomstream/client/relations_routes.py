@@ -73,6 +73,7 @@ def relations_routes(
         # Synapse's default page (5) and its clamp to the largest page.
         limit = min(query_int(request, "limit", 5, low=0), MAX_LIMIT) or 1
         from_raw = request.query.get("from")
+        ignored = await ignored_by(requester)
         chunk = await reader.relations(
             requester.user_id,
             room_id_in_path(request),
@@ -85,10 +86,11 @@ def relations_routes(
             limit=limit,
             recurse=query_bool(request, "recurse"),
             device_id=requester.device_id,
+            aggregate=True,
+            ignored=ignored,
         )
-        ignored = await ignored_by(requester)
         events = hide_ignored(chunk.events, ignored)
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events, ignored)
+        attach_bundles(events, chunk.aggregations)
         body: dict[str, Any] = {"chunk": events}
         if chunk.next_batch is not None:
             body["next_batch"] = chunk.next_batch.to_string()
@@ -110,6 +112,7 @@ def relations_routes(
         from_token = _token(request.query.get("from"), "from")
         if from_token is not None and not isinstance(from_token, RoomPosition):
             raise InvalidParamError("from is not a threads token")
+        ignored = await ignored_by(requester)
         chunk = await reader.threads(
             requester.user_id,
             room_id_in_path(request),
@@ -117,10 +120,11 @@ def relations_routes(
             from_token=from_token,
             limit=limit,
             device_id=requester.device_id,
+            aggregate=True,
+            ignored=ignored,
         )
-        ignored = await ignored_by(requester)
         events = hide_ignored(chunk.events, ignored)
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events, ignored)
+        attach_bundles(events, chunk.aggregations)
         body: dict[str, Any] = {"chunk": events}
         if chunk.next_batch is not None:
             body["next_batch"] = chunk.next_batch.to_string()

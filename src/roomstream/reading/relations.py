@@ -20,7 +20,7 @@ never edits (spec v1.7+) and never for state or redacted events.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
@@ -150,6 +150,8 @@ class RelationsChunk:
     events: list[ClientEvent]
     next_batch: RoomPosition | None
     recursion_depth: int | None = None
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``.
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -158,6 +160,8 @@ class ThreadsChunk:
 
     events: list[ClientEvent]
     next_batch: RoomPosition | None
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``.
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _relation_filters(rel_type: str | None, event_type: str | None) -> tuple[str, list[Any]]:
@@ -188,28 +192,34 @@ class RelationReads(EventRead):
         limit: int = 5,
         recurse: bool = False,
         device_id: str | None = None,
+        aggregate: bool = False,
+        ignored: frozenset[str] = frozenset(),
     ) -> RelationsChunk:
         """The relations of ``event_id`` the user may see, in topological order (newest
         first for ``b``), ``limit`` from ``from_token``, stopping at ``to_token``.
 
         ``M_FORBIDDEN`` unless the user is joined or departed or the room is
         ``world_readable`` now (as ``/messages``); ``M_NOT_FOUND`` unless the parent is
-        an event of the room the user may see. Redacted relations are left out."""
+        an event of the room the user may see. Redacted relations are left out.
+        ``aggregate``: the served events' bundled aggregations too, in the same
+        transaction (relations from ``ignored`` senders left out)."""
         _check_limit(limit)
         if direction not in ("b", "f"):
             raise InvalidParamError("dir must be b or f")
         if event_type is not None and rel_type is None:
             raise InvalidParamError("an event type needs a relation type")
         backwards = direction == "b"
-        rows, loaded = await self.db.run_interaction(
+        rows, loaded, related = await self.db.run_interaction(
             "relations",
             self._relations_txn, user_id, room_id, event_id, rel_type, event_type, backwards,
-            from_token, to_token, limit, recurse, device_id,
+            from_token, to_token, limit, recurse, device_id, ignored if aggregate else None,
         )  # fmt: skip
         self._complete(loaded)
         more = len(rows) > limit
         rows = rows[:limit]
-        events = self._format_rows(rows, loaded, self._now())
+        now = self._now()
+        events = self._format_rows(rows, loaded, now)
+        aggregations = bundles_of(related, events, user_id, self._format_rows, loaded, now)
         next_batch = None
         if more:
             last = rows[-1]
@@ -218,7 +228,9 @@ class RelationReads(EventRead):
                 if backwards
                 else RoomPosition.after_event(last.topo, last.stream)
             )
-        return RelationsChunk(events, next_batch, MAX_RECURSION_DEPTH if recurse else None)
+        return RelationsChunk(
+            events, next_batch, MAX_RECURSION_DEPTH if recurse else None, aggregations
+        )
 
     def _relations_txn(
         self,
@@ -234,7 +246,8 @@ class RelationReads(EventRead):
         limit: int,
         recurse: bool,
         device_id: str | None,
-    ) -> tuple[list[_Row], _Loaded]:
+        aggregate_ignoring: frozenset[str] | None = None,
+    ) -> tuple[list[_Row], _Loaded, Related]:
         view = _readable_view_txn(txn, user_id, room_id)
         parent = _timeline_row_txn(txn, event_id)
         if parent is None or parent[0] != room_id or not view.visible(parent[1]):
@@ -288,7 +301,10 @@ class RelationReads(EventRead):
             else:
                 low = (last.topo, last.stream + 1)
         rows = rows[: limit + 1]
-        return rows, self._load_txn(txn, rows[:limit], (), user_id, device_id)
+        served, related = _related_of_txn(
+            txn, user_id, room_id, view, rows[:limit], aggregate_ignoring
+        )
+        return rows, self._load_txn(txn, served, (), user_id, device_id), related
 
     async def threads(
         self,
@@ -299,14 +315,16 @@ class RelationReads(EventRead):
         from_token: RoomPosition | None = None,
         limit: int = 5,
         device_id: str | None = None,
+        aggregate: bool = False,
+        ignored: frozenset[str] = frozenset(),
     ) -> ThreadsChunk:
         """The room's thread roots the user may see, latest thread activity first;
-        ``participated``: only those the user started or replied to. Access as
-        :meth:`relations`."""
+        ``participated``: only those the user started or replied to. Access and
+        ``aggregate`` as :meth:`relations`."""
         _check_limit(limit)
         if include not in ("all", "participated"):
             raise InvalidParamError("include must be all or participated")
-        rows, latest, loaded = await self.db.run_interaction(
+        rows, latest, loaded, related = await self.db.run_interaction(
             "threads",
             self._threads_txn,
             user_id,
@@ -315,15 +333,18 @@ class RelationReads(EventRead):
             from_token,
             limit,
             device_id,
+            ignored if aggregate else None,
         )
         self._complete(loaded)
         more = len(rows) > limit
         rows = rows[:limit]
-        events = self._format_rows(rows, loaded, self._now())
+        now = self._now()
+        events = self._format_rows(rows, loaded, now)
         next_batch = None
         if more:
             next_batch = RoomPosition.of_event(*latest[rows[-1].event_id])
-        return ThreadsChunk(events, next_batch)
+        aggregations = bundles_of(related, events, user_id, self._format_rows, loaded, now)
+        return ThreadsChunk(events, next_batch, aggregations)
 
     def _threads_txn(
         self,
@@ -334,7 +355,8 @@ class RelationReads(EventRead):
         from_token: RoomPosition | None,
         limit: int,
         device_id: str | None,
-    ) -> tuple[list[_Row], dict[str, tuple[int, int]], _Loaded]:
+        aggregate_ignoring: frozenset[str] | None = None,
+    ) -> tuple[list[_Row], dict[str, tuple[int, int]], _Loaded, Related]:
         view = _readable_view_txn(txn, user_id, room_id)
         high = MAX_POSITION if from_token is None else from_token.as_tuple()
         mine = ""
@@ -370,7 +392,10 @@ class RelationReads(EventRead):
                 break
             high = (int(batch[-1][0]), int(batch[-1][1]))
         rows = rows[: limit + 1]
-        return rows, latest, self._load_txn(txn, rows[:limit], (), user_id, device_id)
+        served, related = _related_of_txn(
+            txn, user_id, room_id, view, rows[:limit], aggregate_ignoring
+        )
+        return rows, latest, self._load_txn(txn, served, (), user_id, device_id), related
 
     async def aggregations(
         self,
@@ -559,6 +584,28 @@ def attach_bundles(events: Iterable[ClientEvent], bundles: Mapping[str, dict[str
                 **(unsigned if isinstance(unsigned, dict) else {}),
                 "m.relations": bundle,
             }
+
+
+def _related_of_txn(
+    txn: Transaction,
+    user_id: str,
+    room_id: str,
+    view: _View,
+    rows: list[_Row],
+    aggregate_ignoring: frozenset[str] | None,
+) -> tuple[list[_Row], Related]:
+    """For a read of one room's ``rows`` that folds the aggregations in (unless
+    ``aggregate_ignoring`` is None): (the rows to load for formatting, the relations)."""
+    if aggregate_ignoring is None or not rows:
+        return rows, Related({}, [])
+    related = related_txn(
+        txn,
+        user_id,
+        {r.event_id: room_id for r in rows if r.redacted_by is None},
+        aggregate_ignoring,
+        {room_id: view},
+    )
+    return with_latest(rows, related), related
 
 
 def _readable_view_txn(txn: Transaction, user_id: str, room_id: str) -> _View:

@@ -167,6 +167,8 @@ class EventContext:
     start: RoomPosition
     end: RoomPosition
     state: list[ClientEvent]
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``.
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
