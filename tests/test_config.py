@@ -134,6 +134,16 @@ def test_media_section(tmp_path: Path) -> None:
     assert (config.media.max_upload_size, config.media.max_image_pixels) == (10 << 20, 1000)
     assert (config.media.user_quota, config.media.user_quota_period) == (2 << 30, 60)
     assert not config.media.enable_authenticated_media
+    # The orphan sweep: hourly by default, null turns it off; the grace must be positive.
+    assert (config.media.sweep_interval, config.media.orphan_grace) == (3600, 3600)
+    swept = parse_config({"media": {"sweep_interval": None, "orphan_grace": 60}}).media
+    assert (swept.sweep_interval, swept.orphan_grace) == (None, 60)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"media": {"sweep_interval": 0, "orphan_grace": -1}})
+    assert sorted(info.value.problems) == [
+        "media.orphan_grace must be positive, not -1",
+        "media.sweep_interval must be positive, not 0",
+    ]
     afile = tmp_path / "afile"
     afile.write_text("")
     with pytest.raises(ConfigError) as info:

@@ -48,6 +48,9 @@ Example (every key optional)::
       user_quota_period: 86400     # seconds (a rolling window)
       max_pending_uploads: 5       # media IDs created and not yet uploaded, per user
       unused_expiration_time: 86400  # seconds a created media ID waits for its upload
+      sweep_interval: 3600         # seconds between orphan sweeps (null: none): expired
+                                   # reservations and blobs no row names are removed
+      orphan_grace: 3600           # content put this recently is never swept
       enable_authenticated_media: true  # media uploaded with it on is not served by the
                                    # legacy unauthenticated /_matrix/media/v3 downloads
     caches:                        # entries each process keeps in memory (its memory
@@ -166,8 +169,12 @@ class MediaConfig:
     user_quota_period: float = 86400.0
     #: Media IDs one user may hold created and not yet uploaded to.
     max_pending_uploads: int = 5
-    #: How long a created media ID may wait for its upload.
+    #: How long a created media ID may wait for its upload (then the sweep deletes it).
     unused_expiration_time: float = 86400.0
+    #: Seconds between two orphan sweeps (MediaRepository.sweep); None: no sweep.
+    sweep_interval: float | None = 3600.0
+    #: Content put this recently is never swept (an upload commits its row well within).
+    orphan_grace: float = 3600.0
     #: Media uploaded while this is on is served only by the authenticated endpoints.
     enable_authenticated_media: bool = True
 
@@ -427,6 +434,8 @@ _POSITIVE = frozenset(
         "user_quota",
         "user_quota_period",
         "unused_expiration_time",
+        "sweep_interval",
+        "orphan_grace",
         "max_pending_uploads",
         "sync_timeout",
         "last_active_granularity",

@@ -266,3 +266,71 @@ async def test_an_incremental_sync_bundles_what_the_change_cache_saw_related(
     position = reader.current_token().minimum
     assert reader.may_have_relations_since([root, plain], 0) >= {root}
     assert reader.may_have_relations_since([root, plain], position) == set()
+
+
+async def test_ignored_users_relations_are_not_aggregated_or_listed(
+    homeserver: Homeserver,
+) -> None:
+    """As Synapse: an ignored sender's thread replies are not counted and never the
+    latest event (a thread only they replied to has no summary), their references are
+    not in the chunk, and ``/relations`` and ``/threads`` leave their events out; the
+    user's own replies still count as participation. Others' views are untouched."""
+    hs = homeserver
+    alice, bob, carol = [await hs.register(n) for n in ("alice", "bob", "carol")]
+    room_id = await room_with(hs, alice, bob, carol)
+    root = await send(hs, alice, room_id, "root")
+    mine = await relate(hs, alice, room_id, "m.thread", root, body="mine")
+    by_bob = await relate(hs, bob, room_id, "m.thread", root, body="bob's")
+    await relate(hs, carol, room_id, "m.thread", root, body="carol's, latest")
+    reference = await relate(hs, bob, room_id, "m.reference", root)
+    await relate(hs, carol, room_id, "m.reference", root)
+    only_carol = await send(hs, bob, room_id, "carol's thread")
+    await relate(hs, carol, room_id, "m.thread", only_carol, body="only carol")
+    await hs.ok(
+        "PUT",
+        f"/user/{alice.user_id}/account_data/m.ignored_user_list",
+        {"ignored_users": {carol.user_id: {}}},
+        token=alice.token,
+    )
+
+    def bundles(events: list[dict[str, Any]]) -> dict[str, Any]:
+        return {e["event_id"]: e.get("unsigned", {}).get("m.relations") for e in events}
+
+    def check(found: dict[str, Any]) -> None:
+        thread = found[root]["m.thread"]
+        assert thread["count"] == 2
+        assert thread["latest_event"]["event_id"] == by_bob
+        assert thread["current_user_participated"] is True
+        assert found[root]["m.reference"] == {"chunk": [{"event_id": reference}]}
+        assert found[only_carol] is None
+
+    page = await hs.ok("GET", f"/rooms/{room_id}/messages?dir=b&limit=50", token=alice.token)
+    check(bundles(page["chunk"]))
+    initial = await hs.ok("GET", "/sync", token=alice.token)
+    check(bundles(initial["rooms"]["join"][room_id]["timeline"]["events"]))
+    context = await hs.ok("GET", f"/rooms/{room_id}/context/{root}?limit=20", token=alice.token)
+    check(bundles([context["event"], *context["events_before"], *context["events_after"]]))
+    event = await hs.ok("GET", f"/rooms/{room_id}/event/{root}", token=alice.token)
+    check({root: event["unsigned"]["m.relations"], only_carol: None})
+
+    listed = await hs.ok(
+        "GET", f"/rooms/{room_id}/relations/{root}/m.thread?limit=50", token=alice.token
+    )
+    assert ids(listed["chunk"]) == [by_bob, mine]
+    threads = await hs.ok("GET", f"/rooms/{room_id}/threads", token=alice.token)
+    assert ids(threads["chunk"]) == [only_carol, root]
+    check(bundles(threads["chunk"]))
+
+    # Bob ignores nobody: everything counts for him.
+    his = await hs.ok("GET", f"/rooms/{room_id}/event/{root}", token=bob.token)
+    assert his["unsigned"]["m.relations"]["m.thread"]["count"] == 3
+    assert len(his["unsigned"]["m.relations"]["m.reference"]["chunk"]) == 2
+    # Unignoring brings carol's back.
+    await hs.ok(
+        "PUT",
+        f"/user/{alice.user_id}/account_data/m.ignored_user_list",
+        {"ignored_users": {}},
+        token=alice.token,
+    )
+    again = await hs.ok("GET", f"/rooms/{room_id}/event/{root}", token=alice.token)
+    assert again["unsigned"]["m.relations"]["m.thread"]["count"] == 3

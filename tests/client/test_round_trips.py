@@ -17,8 +17,10 @@ from roomstream.accounts.tokens import token_hash
 from roomstream.client import rooms as client_rooms
 from roomstream.client.notifier import NOTIFIER_READ
 from roomstream.storage import Database
+from tests.support.client import room_with, send
 from tests.support.e2e_keys import Device
-from tests.support.homeserver import Homeserver, signal_waits
+from tests.support.homeserver import Homeserver, User, signal_waits
+from tests.support.relations import relate
 
 #: Background writes that fall into a window only by timing: the client IPs' batches and
 #: the stream ID generators' stores of their positions.
@@ -329,3 +331,82 @@ async def test_rows_handed_to_the_read_path_must_leave_no_gap(homeserver: Homese
     assert reader.changes.ingested[writer] == have + 2
     assert reader.changes.member_changes.has_entity_changed("@x:test.local", have)
     assert reader.changes.room_changes.has_entity_changed("!room", have)
+
+
+async def _twin_rooms(hs: Homeserver) -> tuple[tuple[User, str], tuple[User, str], str]:
+    """Two rooms of the same shape, each with its own second member: one of plain
+    messages, one whose messages have relations (a thread, a reference, a reaction).
+    ((plain member, room), (related member, room), the thread root)."""
+    alice, plain_user, related_user = [await hs.register(n) for n in ("alice", "pat", "rel")]
+    plain_room = await room_with(hs, alice, plain_user)
+    related_room = await room_with(hs, alice, related_user)
+    for i in range(3):
+        await send(hs, alice, plain_room, f"plain {i}")
+    root = await send(hs, alice, related_room, "root")
+    await relate(hs, related_user, related_room, "m.thread", root, body="reply")
+    await relate(hs, related_user, related_room, "m.reference", root)
+    await relate(
+        hs, related_user, related_room, "m.annotation", root, event_type="m.reaction", key="+1"
+    )
+    return (plain_user, plain_room), (related_user, related_room), root
+
+
+async def test_messages_with_relations_cost_no_more_round_trips(homeserver: Homeserver) -> None:
+    """A ``/messages`` page whose events have relations reads their aggregations in the
+    page's own transaction: the same transactions as a page without any."""
+    hs = homeserver
+    (plain_user, plain_room), (related_user, related_room), root = await _twin_rooms(hs)
+    path = "/rooms/{}/messages?dir=b&limit=20"
+    for user, room in ((plain_user, plain_room), (related_user, related_room)):
+        await hs.ok("GET", path.format(room), token=user.token)  # warm the token cache
+    with counted_round_trips(hs.engine.db) as plain:
+        await hs.ok("GET", path.format(plain_room), token=plain_user.token)
+    with counted_round_trips(hs.engine.db) as related:
+        page = await hs.ok("GET", path.format(related_room), token=related_user.token)
+    assert related == plain == ["paginate"], (plain, related)
+    bundle = next(e for e in page["chunk"] if e["event_id"] == root)["unsigned"]["m.relations"]
+    assert bundle["m.thread"]["count"] == 1 and len(bundle["m.reference"]["chunk"]) == 1
+    # /context, /relations and /threads likewise: one transaction each, the read's own
+    # (the root, served by /context and /threads, comes with its bundle).
+    reads = {
+        f"/rooms/{related_room}/context/{root}?limit=10": "event_context",
+        f"/rooms/{related_room}/relations/{root}": "relations",
+        f"/rooms/{related_room}/threads": "threads",
+    }
+    for path, name in reads.items():
+        with counted_round_trips(hs.engine.db) as calls:
+            answer = await hs.ok("GET", path, token=related_user.token)
+        assert calls == [name], (path, calls)
+        served = {e["event_id"]: e for e in answer.get("chunk") or [answer["event"]]}
+        if root in served:
+            assert served[root]["unsigned"]["m.relations"]["m.thread"]["count"] == 1, path
+
+
+async def test_initial_sync_with_relations_costs_no_more_round_trips(
+    homeserver: Homeserver,
+) -> None:
+    """An initial ``/sync`` reads the timelines' aggregations with the timelines: the
+    same transactions for a room with relations as for one without (sliding sync's
+    first response likewise)."""
+    hs = homeserver
+    (plain_user, _), (related_user, _), root = await _twin_rooms(hs)
+    for user in (plain_user, related_user):
+        await hs.ok("GET", "/sync", token=user.token)  # warm the per-user caches
+    with counted_round_trips(hs.engine.db) as plain:
+        await hs.ok("GET", "/sync", token=plain_user.token)
+    with counted_round_trips(hs.engine.db) as related:
+        answer = await hs.ok("GET", "/sync", token=related_user.token)
+    assert related == plain, (plain, related)
+    assert "relation_aggregations" not in related
+    events = [e for room in answer["rooms"]["join"].values() for e in room["timeline"]["events"]]
+    root_event = next(e for e in events if e["event_id"] == root)
+    assert root_event["unsigned"]["m.relations"]["m.thread"]["count"] == 1
+
+    body = {"lists": {"all": {"ranges": [[0, 9]], "timeline_limit": 10}}}
+    path = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
+    with counted_round_trips(hs.engine.db) as sliding:
+        first = await hs.ok("POST", path, body, token=related_user.token)
+    assert "relation_aggregations" not in sliding, sliding
+    timeline = next(iter(first["rooms"].values()))["timeline"]
+    root_event = next(e for e in timeline if e["event_id"] == root)
+    assert root_event["unsigned"]["m.relations"]["m.thread"]["count"] == 1

@@ -14,6 +14,7 @@ from typing import Any
 from roomstream.sliding.store import SlidingStore
 from tests.support.client import bodies, room_with, send
 from tests.support.homeserver import Homeserver, User
+from tests.support.relations import relate
 
 PATH = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
 STABLE = "/_matrix/client/v4/sync"
@@ -576,3 +577,38 @@ async def test_e2ee_extension_follows_device_lists_and_key_counts(homeserver: Ho
     # Not asked for: not sent.
     plain = await sliding(hs, alice, {"lists": room_list([0, 9])}, pos=later["pos"])
     assert "e2ee" not in plain["extensions"]
+
+
+async def test_timelines_carry_bundled_aggregations(homeserver: Homeserver) -> None:
+    """Sliding sync serialises its timelines with the server-side aggregations, as
+    ``/sync`` does (Synapse's sliding sync bundles them): a room sent whole carries the
+    root's thread summary and references; an incremental response bundles the events
+    whose relations the read path's change cache saw, a plain message none."""
+    hs = homeserver
+    alice, bob = await hs.register("alice"), await hs.register("bob")
+    room_id = await room_with(hs, alice, bob)
+    root = await send(hs, alice, room_id, "root")
+    reply = await relate(hs, bob, room_id, "m.thread", root, body="in thread")
+    reference = await relate(hs, bob, room_id, "m.reference", root)
+    body = {"lists": room_list([0, 0], limit=10)}
+    first = await sliding(hs, alice, body)
+    events = {e["event_id"]: e for e in first["rooms"][room_id]["timeline"]}
+    bundle = events[root]["unsigned"]["m.relations"]
+    assert bundle["m.thread"]["latest_event"]["event_id"] == reply
+    assert bundle["m.thread"]["latest_event"]["content"]["body"] == "in thread"
+    assert (bundle["m.thread"]["count"], bundle["m.thread"]["current_user_participated"]) == (
+        1,
+        True,
+    )
+    assert bundle["m.reference"] == {"chunk": [{"event_id": reference}]}
+    assert "m.relations" not in events[reply].get("unsigned", {})
+    # Incremental: a new root and its reply in the same range; a plain message.
+    plain = await send(hs, bob, room_id, "plain")
+    second_root = await send(hs, bob, room_id, "second root")
+    second_reply = await relate(hs, alice, room_id, "m.thread", second_root, body="r")
+    later = await sliding(hs, alice, body, first["pos"])
+    served = {e["event_id"]: e for e in later["rooms"][room_id]["timeline"]}
+    assert set(served) == {plain, second_root, second_reply}
+    summary = served[second_root]["unsigned"]["m.relations"]["m.thread"]
+    assert (summary["count"], summary["latest_event"]["event_id"]) == (1, second_reply)
+    assert "m.relations" not in served[plain].get("unsigned", {})

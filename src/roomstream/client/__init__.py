@@ -388,10 +388,12 @@ class ClientProcess:
 
     async def start(self) -> None:
         """Start what runs in the background (presence: restoring states, the relay's
-        bookkeeping; the pushers' deliveries on their writer); the API serves without it
-        (a fresh presence writer, no relay, no pushes)."""
+        bookkeeping; the pushers' deliveries on their writer; the media sweep); the API
+        serves without it (a fresh presence writer, no relay, no pushes, no sweep)."""
         await self.presence.start()
         await self.pushers.start()
+        # Every process with the media repository sweeps (concurrent sweeps are safe).
+        self.media.start_sweeping()
 
     def close(self) -> None:
         self.pushers.close()

@@ -26,6 +26,7 @@ from roomstream.client.sync import SyncHandler, SyncRequest, SyncToken
 from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
 from roomstream.httpbase import parse_json_object
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
+from roomstream.reading.relations import attach_bundles
 from roomstream.reading.tokens import PaginationToken
 
 __all__ = ["read_routes"]
@@ -112,6 +113,7 @@ def read_routes(
         limit = max(1, min(limit, MAX_LIMIT))
         from_token = _token(request.query.get("from"))
         dir_value: Literal["b", "f"] = "b" if direction == "b" else "f"
+        ignored = await ignored_by(requester)
         chunk = await reader.paginate(
             requester.user_id,
             room_id,
@@ -123,15 +125,18 @@ def read_routes(
             # 403 for a user who never joined, is banned or only invited, unless the
             # room is world_readable now, and for an unknown room (as Synapse).
             check_access=True,
+            # The aggregations in the page's own transaction (one round trip).
+            aggregate=True,
+            ignored=ignored,
         )
         if chunk.departed and await store.forgotten_rooms(requester.user_id, [room_id]):
             raise ForbiddenError(f"user {requester.user_id} forgot room {room_id}")
         # Filtered after reading (see docs/client_api.md): a page may hold fewer than
         # `limit` events, and `end` still continues after every event read.
-        events = hide_ignored(chunk.events, await ignored_by(requester))
+        events = hide_ignored(chunk.events, ignored)
         if not event_filter.allows_all:
             events = [e for e in events if event_filter.matches(e)]
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
+        attach_bundles(events, chunk.aggregations)
         body: dict[str, Any] = {"chunk": events, "start": chunk.start.to_string()}
         if chunk.end is not None:
             body["end"] = chunk.end.to_string()
@@ -148,6 +153,7 @@ def read_routes(
     async def context(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         limit = min(query_int(request, "limit", 10), MAX_LIMIT)
+        ignored = await ignored_by(requester)
         found = await reader.context(
             requester.user_id,
             request.match_info["room_id"],
@@ -155,16 +161,15 @@ def read_routes(
             before=limit // 2,
             after=limit - limit // 2,
             device_id=requester.device_id,
+            aggregate=True,
+            ignored=ignored,
         )
-        ignored = await ignored_by(requester)
         if not hide_ignored([found.event], ignored):
             # Hidden from this user as an event they may not see (Synapse: 403).
             raise ForbiddenError("you may not see that event")
         before = hide_ignored(found.events_before, ignored)
         after = hide_ignored(found.events_after, ignored)
-        await bundle_aggregations(
-            reader, requester.user_id, requester.device_id, [found.event, *before, *after]
-        )
+        attach_bundles([found.event, *before, *after], found.aggregations)
         return json_response(
             {
                 "event": found.event,
@@ -197,7 +202,9 @@ def read_routes(
         )
         if event is None or event.get("room_id") != request.match_info["room_id"]:
             raise NotFoundError("event not found")
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, [event])
+        await bundle_aggregations(
+            reader, requester.user_id, requester.device_id, [event], await ignored_by(requester)
+        )
         return json_response(event)
 
     async def full_state(request: web.Request) -> web.Response:

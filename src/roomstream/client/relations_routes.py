@@ -23,6 +23,7 @@ from roomstream.client.server import Route, authenticate
 from roomstream.errors import InvalidParamError
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.format import ClientEvent
+from roomstream.reading.relations import attach_bundles
 from roomstream.reading.tokens import PaginationToken, RoomPosition
 
 __all__ = ["bundle_aggregations", "relations_routes"]
@@ -37,24 +38,22 @@ def _token(raw: str | None, name: str) -> PaginationToken | None:
 
 
 async def bundle_aggregations(
-    reader: RoomReader, user_id: str, device_id: str | None, events: Sequence[ClientEvent]
+    reader: RoomReader,
+    user_id: str,
+    device_id: str | None,
+    events: Sequence[ClientEvent],
+    ignored: frozenset[str] = frozenset(),
 ) -> None:
     """Add ``unsigned["m.relations"]`` to those of ``events`` that have visible
-    ``m.thread``/``m.reference`` relations (in place; each gets a new ``unsigned``
-    dict, so cached formats are never touched)."""
+    ``m.thread``/``m.reference`` relations from users ``user_id`` does not ignore (in
+    place; each gets a new ``unsigned`` dict, so cached formats are never touched).
+    One transaction: reads that can, fold this into their own (``/messages``)."""
     if not events:
         return
-    found = await reader.relation_aggregations(user_id, events, device_id=device_id)
-    if not found:
-        return
-    for event in events:
-        bundle = found.get(str(event.get("event_id")))
-        if bundle is not None:
-            unsigned = event.get("unsigned")
-            event["unsigned"] = {
-                **(unsigned if isinstance(unsigned, dict) else {}),
-                "m.relations": bundle,
-            }
+    found = await reader.relation_aggregations(
+        user_id, events, device_id=device_id, ignored=ignored
+    )
+    attach_bundles(events, found)
 
 
 def relations_routes(
@@ -74,6 +73,7 @@ def relations_routes(
         # Synapse's default page (5) and its clamp to the largest page.
         limit = min(query_int(request, "limit", 5, low=0), MAX_LIMIT) or 1
         from_raw = request.query.get("from")
+        ignored = await ignored_by(requester)
         chunk = await reader.relations(
             requester.user_id,
             room_id_in_path(request),
@@ -86,9 +86,11 @@ def relations_routes(
             limit=limit,
             recurse=query_bool(request, "recurse"),
             device_id=requester.device_id,
+            aggregate=True,
+            ignored=ignored,
         )
-        events = hide_ignored(chunk.events, await ignored_by(requester))
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
+        events = hide_ignored(chunk.events, ignored)
+        attach_bundles(events, chunk.aggregations)
         body: dict[str, Any] = {"chunk": events}
         if chunk.next_batch is not None:
             body["next_batch"] = chunk.next_batch.to_string()
@@ -110,6 +112,7 @@ def relations_routes(
         from_token = _token(request.query.get("from"), "from")
         if from_token is not None and not isinstance(from_token, RoomPosition):
             raise InvalidParamError("from is not a threads token")
+        ignored = await ignored_by(requester)
         chunk = await reader.threads(
             requester.user_id,
             room_id_in_path(request),
@@ -117,9 +120,11 @@ def relations_routes(
             from_token=from_token,
             limit=limit,
             device_id=requester.device_id,
+            aggregate=True,
+            ignored=ignored,
         )
-        events = hide_ignored(chunk.events, await ignored_by(requester))
-        await bundle_aggregations(reader, requester.user_id, requester.device_id, events)
+        events = hide_ignored(chunk.events, ignored)
+        attach_bundles(events, chunk.aggregations)
         body: dict[str, Any] = {"chunk": events}
         if chunk.next_batch is not None:
             body["next_batch"] = chunk.next_batch.to_string()

@@ -27,6 +27,7 @@ from roomstream.accounts import Accounts, Requester
 from roomstream.client.notifier import Notifier
 from roomstream.client.presence import ONLINE, PRESENCE_STATES
 from roomstream.client.presence_service import PresenceService
+from roomstream.client.relations_routes import bundle_aggregations
 from roomstream.client.request import json_response, read_json
 from roomstream.client.server import Route, authenticate
 from roomstream.client.typing import TypingState
@@ -36,12 +37,14 @@ from roomstream.errors import InvalidParamError
 from roomstream.events.types import EventTypes
 from roomstream.lru import LruCache
 from roomstream.reading import (
+    ClientEvent,
     EventsToken,
     RoomPosition,
     RoomReader,
     RoomTimeline,
     client_event,
 )
+from roomstream.reading.relations import attach_bundles
 from roomstream.sliding.connections import ConnectionStore, RoomSent, Snapshot
 from roomstream.sliding.request import RoomConfig, RoomFilters, SlidingRequest, parse_request
 from roomstream.sliding.store import BUMP_EVENT_TYPES, RoomEntry, SlidingStore, StateRow
@@ -308,6 +311,10 @@ class SlidingSyncHandler:
         changed: dict[str, RoomTimeline] = {}
         #: The events range in which a membership moved (for the e2ee extension).
         moved: tuple[int, int] | None = None
+        #: Where the incremental read started, and the rooms whose membership of the user
+        #: moved since (their timelines may show older history): for the aggregations.
+        since_floor: int | None = None
+        moved_rooms: set[str] = set()
         if previous is not None:
             since: EventsToken = previous.positions["events"]
             limits = [c.config.timeline_limit for c in request.lists.values()]
@@ -317,6 +324,8 @@ class SlidingSyncHandler:
             )
             changed = result.rooms
             token = result.next_token
+            since_floor = since.minimum
+            moved_rooms = {str(e.get("room_id")) for e in result.membership_changes}
             if result.members_moved():
                 moved = (since.minimum, token.maximum)
             all_entries = await self._room_list(
@@ -404,7 +413,7 @@ class SlidingSyncHandler:
         joined_ids = [p.entry.room_id for p in plans if p.entry.membership == "join"]
         states, _ = await asyncio.gather(
             self.store.current_state(joined_ids),
-            self._timelines(user_id, device_id, plans, changed),
+            self._timelines(user_id, device_id, plans, changed, since_floor, moved_rooms),
         )
         rooms_out, new_sent = await self._rooms(user_id, plans, dms, states)
 
@@ -497,9 +506,12 @@ class SlidingSyncHandler:
         device_id: str | None,
         plans: list[_Plan],
         changed: dict[str, RoomTimeline],
+        since_floor: int | None = None,
+        moved_rooms: set[str] | None = None,
     ) -> None:
         """Fill each plan's timeline: the latest events for rooms sent whole (or with a
-        wider limit), the new events for the others."""
+        wider limit), the new events for the others; then the server-side aggregations
+        (``unsigned["m.relations"]``) of their events, as ``/sync`` bundles them."""
         reload: list[_Plan] = []
         for plan in plans:
             room_id = plan.entry.room_id
@@ -519,15 +531,52 @@ class SlidingSyncHandler:
             by_limit.setdefault(plan.config.timeline_limit, []).append(plan)
         for limit, group in by_limit.items():
             pages = await self.reader.latest_pages(
-                user_id, [p.entry.room_id for p in group], limit=limit, device_id=device_id
+                user_id,
+                [p.entry.room_id for p in group],
+                limit=limit,
+                device_id=device_id,
+                # Their aggregations in the same transaction.
+                aggregate=True,
             )
             for plan in group:
                 page = pages[plan.entry.room_id]
+                attach_bundles(page.events, page.aggregations)
                 plan.timeline = _Timeline(page.events, page.limited, page.prev_batch.to_string())
                 new = changed.get(plan.entry.room_id)
                 if new is not None:
                     live = {e["event_id"] for e in new.events}
                     plan.timeline.num_live = sum(1 for e in page.events if e["event_id"] in live)
+        await self._bundle(user_id, device_id, plans, since_floor, moved_rooms or set())
+
+    async def _bundle(
+        self,
+        user_id: str,
+        device_id: str | None,
+        plans: list[_Plan],
+        since_floor: int | None,
+        moved_rooms: set[str],
+    ) -> None:
+        """Bundle the aggregations of the incremental timelines in one read (those read
+        whole, initial or expanded, came with theirs from ``latest_pages``): every event
+        of a room whose membership of the user moved (older history may be shown), and
+        of the others only those the read path's change cache saw a relation to since
+        ``since_floor`` (as an incremental ``/sync``: events after the position, whose
+        relations can only be after it too, so a plain message costs no read)."""
+        whole: list[ClientEvent] = []
+        new: list[ClientEvent] = []
+        for plan in plans:
+            if plan.timeline is None or plan.initial or plan.expanded:
+                continue
+            if since_floor is None or plan.entry.room_id in moved_rooms:
+                whole.extend(plan.timeline.events)
+            else:
+                new.extend(plan.timeline.events)
+        if new and since_floor is not None:
+            related = self.reader.may_have_relations_since(
+                [str(e.get("event_id")) for e in new], since_floor
+            )
+            whole.extend(e for e in new if str(e.get("event_id")) in related)
+        await bundle_aggregations(self.reader, user_id, device_id, whole)
 
     async def _trimmed(self, user_id: str, timeline: RoomTimeline, limit: int) -> _Timeline:
         events = timeline.events

@@ -12,17 +12,35 @@ of configuration (``media.backend``), not a change to the repository:
 - :meth:`BlobStore.get` — the content of ``digest`` (its size, and a local file to send
   if the store has one, else a stream of chunks), or None;
 - :meth:`BlobStore.local_file` — the content as a local file for as long as the caller
-  needs it (Pillow reads files): the file itself on disk, a temporary copy elsewhere.
+  needs it (Pillow reads files): the file itself on disk, a temporary copy elsewhere;
+- :meth:`BlobStore.unput_since` — the digests of the content not put since a time (a
+  ``put`` of content stored already counts: it *refreshes* it);
+- :meth:`BlobStore.remove_unless_put_since` — remove one such content, atomically
+  unless a ``put`` refreshed it since the time (then it stays);
+- :meth:`BlobStore.clean_staging` — remove spooled files left since before a time (an
+  upload that died with its process).
+
+The last three serve the orphan sweep (``MediaRepository.sweep``), and the refresh is
+what makes it safe against a concurrent upload of the same content: an upload puts its
+content (refreshing it if stored already) *before* it commits the row that references
+it, so content the sweep finds unreferenced and not put within its grace period is
+either orphaned or about to be re-put, and a re-put either refreshes it before the
+removal (the removal sees that and keeps it) or finds it gone and stores it again.
 
 An S3 store would spool locally as this one does, ``put`` with one ``PutObject`` (key:
 the digest, skipped when ``HeadObject`` finds it), ``get`` as a ranged ``GetObject``
-stream, and ``local_file`` by downloading to the staging directory.
+stream, and ``local_file`` by downloading to the staging directory. Its refresh would
+be a ``CopyObject`` of the object onto itself (a new ``LastModified``), ``unput_since``
+a ``ListObjectsV2`` filtered on ``LastModified``, and the atomic removal a copy to a
+trash prefix and a conditional delete (``If-Match`` on the ETag seen), checked as below.
 
 :class:`LocalBlobStore` keeps ``<root>/content/ab/cd/<digest>``. Invariants: a file at a
 digest's path holds exactly the content of that digest, complete (it appears there by an
 atomic rename of a finished file, never written in place); files are never modified.
 Content whose metadata row was never committed (a crash between the two, a quota
-refused at commit) stays as an unreferenced file: harmless, and left to a sweep.
+refused at commit, a media ID expired) stays as an unreferenced file until the sweep
+removes it. A file's modification time is when it was last put: written, or refreshed
+by a ``put`` of the same content (``os.utime``).
 """
 
 from __future__ import annotations
@@ -84,6 +102,12 @@ class BlobStore(Protocol):
 
     def local_file(self, digest: str) -> AbstractAsyncContextManager[Path | None]: ...
 
+    async def unput_since(self, cutoff: float) -> list[str]: ...
+
+    async def remove_unless_put_since(self, digest: str, cutoff: float) -> bool: ...
+
+    async def clean_staging(self, cutoff: float) -> int: ...
+
 
 class LocalBlobStore:
     """Content as files under ``root`` (module docstring)."""
@@ -107,12 +131,21 @@ class LocalBlobStore:
 
     @staticmethod
     def _put(spooled: Path, target: Path) -> None:
-        if target.exists():
-            spooled.unlink(missing_ok=True)  # the same content is stored already
+        try:
+            # The same content is stored already: refresh it, so that a sweep does not
+            # remove it before the caller's row referencing it is committed. Atomic
+            # against the sweep's rename: this either refreshes the file before it is
+            # moved (the sweep then puts it back) or finds none and stores it below.
+            os.utime(target)
+        except FileNotFoundError:
+            pass
+        else:
+            spooled.unlink(missing_ok=True)
             return
         target.parent.mkdir(parents=True, exist_ok=True)
         # Atomic: a reader sees no file or the whole of it. Two puts of one digest race
-        # harmlessly (the same bytes either way).
+        # harmlessly (the same bytes either way). The spooled file's modification time
+        # is its last write: now.
         os.replace(spooled, target)
 
     async def get(self, digest: str) -> Blob | None:
@@ -127,6 +160,72 @@ class LocalBlobStore:
     async def local_file(self, digest: str) -> AsyncIterator[Path | None]:
         path = self.path_of(digest)
         yield path if await asyncio.to_thread(path.exists) else None
+
+    async def unput_since(self, cutoff: float) -> list[str]:
+        """The digests whose file was last put before ``cutoff`` (seconds since the
+        epoch, as file modification times)."""
+        return await asyncio.to_thread(self._unput_since, cutoff)
+
+    def _unput_since(self, cutoff: float) -> list[str]:
+        found: list[str] = []
+        content = self.root / "content"
+        if not content.is_dir():
+            return found
+        for first in os.scandir(content):
+            if not first.is_dir():
+                continue
+            for second in os.scandir(first.path):
+                if not second.is_dir():
+                    continue
+                for entry in os.scandir(second.path):
+                    if not is_digest(entry.name):
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        if entry.stat().st_mtime < cutoff:
+                            found.append(entry.name)
+        return found
+
+    async def remove_unless_put_since(self, digest: str, cutoff: float) -> bool:
+        """Remove the content of ``digest`` unless it was put at or after ``cutoff``;
+        whether it was removed (False too when it is gone already: another sweep)."""
+        return await asyncio.to_thread(self._remove_unless_put_since, self.path_of(digest), cutoff)
+
+    def _remove_unless_put_since(self, path: Path, cutoff: float) -> bool:
+        # Moved aside first (atomic), then judged by the time it was last put: a put's
+        # refresh lands either before the move (seen here: put back) or after it (the
+        # put finds no file and stores its own copy). A download meanwhile of content
+        # being put back may miss it for that instant (only content that had no row a
+        # moment before: nothing older is ever moved).
+        aside = self._staging / f"sweep-{secrets.token_hex(16)}"
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:
+            return False
+        try:
+            put_at = aside.stat().st_mtime
+        except FileNotFoundError:
+            return False  # another process's staging clean-up: it was old, and is gone
+        if put_at >= cutoff:
+            # Same bytes either way if a put stored a copy meanwhile.
+            os.replace(aside, path)
+            return False
+        aside.unlink(missing_ok=True)
+        return True
+
+    async def clean_staging(self, cutoff: float) -> int:
+        """Remove the staging directory's files last written before ``cutoff`` (a
+        spool of an upload in progress is written at least every chunk, and a
+        thumbnail's is put at once); how many."""
+        return await asyncio.to_thread(self._clean_staging, cutoff)
+
+    def _clean_staging(self, cutoff: float) -> int:
+        removed = 0
+        for entry in os.scandir(self._staging):
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_file() and entry.stat().st_mtime < cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+        return removed
 
 
 class Spool:

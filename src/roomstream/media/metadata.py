@@ -13,10 +13,12 @@ __all__ = [
     "ThumbnailRow",
     "complete_pending_txn",
     "count_pending_txn",
+    "delete_expired_pending_txn",
     "get_media_txn",
     "insert_media_txn",
     "insert_pending_txn",
     "insert_thumbnail_txn",
+    "referenced_txn",
     "thumbnails_txn",
     "uploaded_bytes_since_txn",
 ]
@@ -201,3 +203,28 @@ def insert_thumbnail_txn(t: Transaction, media_id: str, thumbnail: ThumbnailRow)
             thumbnail.content_hash,
         ),
     )
+
+
+def delete_expired_pending_txn(t: Transaction, created_before_ms: int) -> int:
+    """Delete the media IDs created before ``created_before_ms`` that never got their
+    upload (expired asynchronous-upload reservations); how many. A completion racing
+    this is refused by its own re-read of the row (gone, or expired either way)."""
+    t.execute("DELETE FROM media WHERE upload_ts IS NULL AND created_ts < ?", (created_before_ms,))
+    return max(t.rowcount, 0)
+
+
+def referenced_txn(t: Transaction, digests: list[str]) -> set[str]:
+    """Those of ``digests`` (at most 500) some media row or thumbnail row names as its
+    content."""
+    marks = ", ".join("?" * len(digests))
+    found = {
+        str(r[0])
+        for r in t.query(f"SELECT content_hash FROM media WHERE content_hash IN ({marks})", digests)
+    }
+    found.update(
+        str(r[0])
+        for r in t.query(
+            f"SELECT content_hash FROM media_thumbnails WHERE content_hash IN ({marks})", digests
+        )
+    )
+    return found

@@ -17,7 +17,11 @@ What it promises, whatever the HTTP layer above does:
   at once by an upload on this process, else it looks every :data:`PENDING_POLL` s);
 - media uploaded while ``enable_authenticated_media`` is on is never served to a
   request that did not authenticate (the legacy endpoints): 404, as Synapse;
-- other servers' media is 404 (no federation).
+- other servers' media is 404 (no federation);
+- content no row names any more is removed by :meth:`MediaRepository.sweep` (run every
+  ``media.sweep_interval`` seconds), never while an upload of the same content may still
+  commit a row naming it (see :mod:`~roomstream.media.blobs`), and expired
+  asynchronous-upload reservations are deleted by it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ __all__ = [
     "MAX_TIMEOUT_MS",
     "Download",
     "MediaRepository",
+    "SweepResult",
     "is_media_id",
 ]
 
@@ -85,6 +90,8 @@ THUMBNAIL_TYPES = frozenset({"image/jpeg", "image/jpg", "image/png", "image/gif"
 MAX_THUMBNAIL_SIDE = 10_000
 #: Upload chunks read at a time.
 CHUNK = 64 * 1024
+#: Candidate blobs checked against the rows per statement by the sweep.
+_SWEEP_BATCH = 500
 
 
 def is_media_id(value: str) -> bool:
@@ -94,6 +101,18 @@ def is_media_id(value: str) -> bool:
 
 def new_media_id() -> str:
     return "".join(secrets.choice(string.ascii_letters) for _ in range(MEDIA_ID_LENGTH))
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one :meth:`MediaRepository.sweep` removed."""
+
+    #: Asynchronous-upload reservations deleted (expired without content).
+    expired_reservations: int
+    #: Blobs deleted (no media or thumbnail row named them, not put within the grace).
+    orphan_blobs: int
+    #: Spooled files deleted from staging (uploads that died mid-way).
+    staged_files: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +148,8 @@ class MediaRepository:
         self._making: dict[tuple[str, str, int, int, bool], asyncio.Lock] = {}
         #: The default thumbnails of uploads, being made after the upload was answered.
         self._pregenerating: dict[str, asyncio.Task[None]] = {}
+        #: The periodic sweep (:meth:`start_sweeping`), if running.
+        self._sweeper: asyncio.Task[None] | None = None
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -489,9 +510,77 @@ class MediaRepository:
             await asyncio.gather(*self._pregenerating.values(), return_exceptions=True)
 
     def close(self) -> None:
-        """Stop making thumbnails (those not made are made when asked for)."""
+        """Stop making thumbnails (those not made are made when asked for) and sweeping."""
         for task in list(self._pregenerating.values()):
             task.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    # -- the orphan sweep ------------------------------------------------------------------
+
+    async def sweep(self, now: float) -> SweepResult:
+        """Remove what nothing refers to any more, as of ``now`` (seconds since the epoch):
+
+        1. the asynchronous-upload reservations created ``unused_expiration_time`` or
+           more before ``now`` and never given content (their rows; a late upload to
+           one is 404 as it was already once expired);
+        2. the blobs no ``media`` or ``media_thumbnails`` row names that were not put in
+           the ``orphan_grace`` seconds before ``now`` (content of uploads whose row was
+           never committed: a crash, a quota refused at commit, a reservation that
+           expired);
+        3. files left in the staging directory for as long (uploads that died mid-way).
+
+        Safe against a concurrent upload of the same content, on this process or
+        another: an upload puts its content (which refreshes a stored copy) before it
+        commits the row naming it, and a blob is removed only if it was not put within
+        the grace, judged atomically with the removal (``remove_unless_put_since``), so
+        an upload that found the content stored either refreshed it first (it stays) or
+        stores it again. This relies on an upload committing its row within
+        ``orphan_grace`` of putting its content (it does so at once; the grace is an
+        hour by default). Concurrent sweeps (several processes) are safe: each removal
+        happens once."""
+        expired_before = int((now - self.config.unused_expiration_time) * 1000)
+        expired = await self.db.run_interaction(
+            "media_sweep_reservations", metadata.delete_expired_pending_txn, expired_before
+        )
+        cutoff = now - self.config.orphan_grace
+        candidates = await self.store.unput_since(cutoff)
+        removed = 0
+        for start in range(0, len(candidates), _SWEEP_BATCH):
+            batch = candidates[start : start + _SWEEP_BATCH]
+            named = await self.db.run_interaction(
+                "media_sweep_referenced", metadata.referenced_txn, batch
+            )
+            for digest in batch:
+                if digest not in named and await self.store.remove_unless_put_since(digest, cutoff):
+                    removed += 1
+        staged = await self.store.clean_staging(cutoff)
+        if expired or removed or staged:
+            logger.info(
+                "media sweep: %d expired reservations, %d orphan blobs, %d staged files removed",
+                expired,
+                removed,
+                staged,
+            )
+        return SweepResult(expired, removed, staged)
+
+    def start_sweeping(self) -> None:
+        """Run :meth:`sweep` every ``media.sweep_interval`` seconds (none if it is null)
+        until :meth:`close`. A failed sweep is logged and tried again next time."""
+        interval = self.config.sweep_interval
+        if interval is None or self._sweeper is not None:
+            return
+        self._sweeper = asyncio.create_task(self._sweep_every(interval))
+
+    async def _sweep_every(self, interval: float) -> None:
+        while True:
+            # A period, not a synchronisation: the sweep is due every `interval` seconds.
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep(self.clock())
+            except Exception:
+                logger.warning("media sweep failed (tried again later)", exc_info=True)
 
     async def _make_default_thumbnails(self, media_id: str, content: Content) -> None:
         """The thumbnails of :data:`DEFAULT_SIZES`, made after an image is uploaded

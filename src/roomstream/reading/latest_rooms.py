@@ -12,6 +12,7 @@ from roomstream.errors import InvalidParamError
 from roomstream.events.types import EventTypes
 from roomstream.reading.changes import ChangeTracker
 from roomstream.reading.events import EventFormatter, EventRead, _Loaded
+from roomstream.reading.relations import Related, bundles_of, related_txn, with_latest
 from roomstream.reading.results import LatestRoomsPage, RoomsCursor, RoomTimeline
 from roomstream.reading.room_state import (
     _current_state_ids_txn,
@@ -146,6 +147,8 @@ class LatestRooms(EventRead):
         memberships: Collection[str] = ("join", "invite", "leave", "ban"),
         device_id: str | None = None,
         timeline_filter: EventPredicate | None = None,
+        aggregate: bool = False,
+        ignored: frozenset[str] = frozenset(),
         _token: EventsToken | None = None,
     ) -> LatestRoomsPage:
         """The user's rooms ordered by their latest activity the user may see (newest
@@ -168,6 +171,10 @@ class LatestRooms(EventRead):
         ``timeline_filter``: only events it accepts fill the timelines; each room reads
         on past the ones it rejects, up to :func:`~.timeline_rows.filter_budget` visible
         events (a timeline still short then is ``limited``).
+
+        ``aggregate``: the page's ``aggregations`` hold the timelines' bundled
+        aggregations (``unsigned["m.relations"]`` by event ID, relations from
+        ``ignored`` senders left out), read in the page's own transaction.
         """
         _check_limit(event_limit)
         if room_limit < 1:
@@ -192,9 +199,9 @@ class LatestRooms(EventRead):
         raw = await self.db.run_interaction(
             "latest_rooms",
             self._latest_txn, user_id, room_limit, event_limit, cursor, state, joined, known,
-            horizon, others, device_id, timeline_filter,
+            horizon, others, device_id, timeline_filter, ignored if aggregate else None,
         )  # fmt: skip
-        picked, more, loaded = raw
+        picked, more, loaded, related = raw
         self._complete(loaded)
         now = self._now()
         invites = [p[6] for p in picked if p[1] == "invite" and p[6] is not None]
@@ -203,7 +210,7 @@ class LatestRooms(EventRead):
             if invites
             else {}
         )
-        rooms = []
+        rooms: list[RoomTimeline] = []
         for room_id, membership, activity, rows, limited, state_ids, member_event, end in picked:
             # Back from the first event; without one, from where the read started when
             # a filter found nothing it keeps (older events may match), else nothing.
@@ -232,7 +239,10 @@ class LatestRooms(EventRead):
         next_cursor = (
             RoomsCursor(rooms[-1].latest_activity, rooms[-1].room_id) if more and rooms else None
         )
-        return LatestRoomsPage(rooms, next_cursor, token)
+        aggregations = bundles_of(
+            related, [e for r in rooms for e in r.events], user_id, self._format_rows, loaded, now
+        )
+        return LatestRoomsPage(rooms, next_cursor, token, aggregations)
 
     def _latest_txn(
         self,
@@ -248,7 +258,8 @@ class LatestRooms(EventRead):
         others: tuple[str, ...],
         device_id: str | None,
         timeline_filter: EventPredicate | None = None,
-    ) -> tuple[list[_Picked], bool, _Loaded]:
+        aggregate_ignoring: frozenset[str] | None = None,
+    ) -> tuple[list[_Picked], bool, _Loaded, Related]:
         # Latest activity: the stream ordering of the room's newest event for members;
         # of the user's membership event otherwise (nothing later is theirs to see,
         # unless visibility lets them, which the timeline below still honours).
@@ -352,8 +363,18 @@ class LatestRooms(EventRead):
         rows_all = [r for p in picked for r in p[3]]
         state_all = [s for p in picked for s in p[5]]
         state_all += [p[6] for p in picked if p[6] is not None]
+        related = Related({}, [])
+        if aggregate_ignoring is not None and rows_all:
+            related = related_txn(
+                txn,
+                user_id,
+                {r.event_id: p[0] for p in picked for r in p[3] if r.redacted_by is None},
+                aggregate_ignoring,
+                views,
+            )
+            rows_all = with_latest(rows_all, related)
         loaded = self._load_txn(txn, rows_all, state_all, user_id, device_id, flags)
-        return picked, more, loaded
+        return picked, more, loaded, related
 
     @staticmethod
     def _state_of(

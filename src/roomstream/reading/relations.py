@@ -19,8 +19,8 @@ never edits (spec v1.7+) and never for state or redacted events.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
@@ -48,13 +48,18 @@ from roomstream.storage import Transaction
 __all__ = [
     "MAIN_TIMELINE",
     "MAX_RECURSION_DEPTH",
+    "Related",
     "RelationReads",
     "RelationsChunk",
     "RelationsRecorder",
     "ThreadsChunk",
+    "attach_bundles",
+    "bundles_of",
     "receipt_thread_txn",
+    "related_txn",
     "relation_of",
     "threads_of_txn",
+    "with_latest",
 ]
 
 #: How many levels of relations ``recurse=true`` follows (Synapse's, as MSC3981 asks).
@@ -145,6 +150,8 @@ class RelationsChunk:
     events: list[ClientEvent]
     next_batch: RoomPosition | None
     recursion_depth: int | None = None
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``.
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,6 +160,8 @@ class ThreadsChunk:
 
     events: list[ClientEvent]
     next_batch: RoomPosition | None
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``.
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _relation_filters(rel_type: str | None, event_type: str | None) -> tuple[str, list[Any]]:
@@ -183,28 +192,34 @@ class RelationReads(EventRead):
         limit: int = 5,
         recurse: bool = False,
         device_id: str | None = None,
+        aggregate: bool = False,
+        ignored: frozenset[str] = frozenset(),
     ) -> RelationsChunk:
         """The relations of ``event_id`` the user may see, in topological order (newest
         first for ``b``), ``limit`` from ``from_token``, stopping at ``to_token``.
 
         ``M_FORBIDDEN`` unless the user is joined or departed or the room is
         ``world_readable`` now (as ``/messages``); ``M_NOT_FOUND`` unless the parent is
-        an event of the room the user may see. Redacted relations are left out."""
+        an event of the room the user may see. Redacted relations are left out.
+        ``aggregate``: the served events' bundled aggregations too, in the same
+        transaction (relations from ``ignored`` senders left out)."""
         _check_limit(limit)
         if direction not in ("b", "f"):
             raise InvalidParamError("dir must be b or f")
         if event_type is not None and rel_type is None:
             raise InvalidParamError("an event type needs a relation type")
         backwards = direction == "b"
-        rows, loaded = await self.db.run_interaction(
+        rows, loaded, related = await self.db.run_interaction(
             "relations",
             self._relations_txn, user_id, room_id, event_id, rel_type, event_type, backwards,
-            from_token, to_token, limit, recurse, device_id,
+            from_token, to_token, limit, recurse, device_id, ignored if aggregate else None,
         )  # fmt: skip
         self._complete(loaded)
         more = len(rows) > limit
         rows = rows[:limit]
-        events = self._format_rows(rows, loaded, self._now())
+        now = self._now()
+        events = self._format_rows(rows, loaded, now)
+        aggregations = bundles_of(related, events, user_id, self._format_rows, loaded, now)
         next_batch = None
         if more:
             last = rows[-1]
@@ -213,7 +228,9 @@ class RelationReads(EventRead):
                 if backwards
                 else RoomPosition.after_event(last.topo, last.stream)
             )
-        return RelationsChunk(events, next_batch, MAX_RECURSION_DEPTH if recurse else None)
+        return RelationsChunk(
+            events, next_batch, MAX_RECURSION_DEPTH if recurse else None, aggregations
+        )
 
     def _relations_txn(
         self,
@@ -229,7 +246,8 @@ class RelationReads(EventRead):
         limit: int,
         recurse: bool,
         device_id: str | None,
-    ) -> tuple[list[_Row], _Loaded]:
+        aggregate_ignoring: frozenset[str] | None = None,
+    ) -> tuple[list[_Row], _Loaded, Related]:
         view = _readable_view_txn(txn, user_id, room_id)
         parent = _timeline_row_txn(txn, event_id)
         if parent is None or parent[0] != room_id or not view.visible(parent[1]):
@@ -283,7 +301,10 @@ class RelationReads(EventRead):
             else:
                 low = (last.topo, last.stream + 1)
         rows = rows[: limit + 1]
-        return rows, self._load_txn(txn, rows[:limit], (), user_id, device_id)
+        served, related = _related_of_txn(
+            txn, user_id, room_id, view, rows[:limit], aggregate_ignoring
+        )
+        return rows, self._load_txn(txn, served, (), user_id, device_id), related
 
     async def threads(
         self,
@@ -294,14 +315,16 @@ class RelationReads(EventRead):
         from_token: RoomPosition | None = None,
         limit: int = 5,
         device_id: str | None = None,
+        aggregate: bool = False,
+        ignored: frozenset[str] = frozenset(),
     ) -> ThreadsChunk:
         """The room's thread roots the user may see, latest thread activity first;
-        ``participated``: only those the user started or replied to. Access as
-        :meth:`relations`."""
+        ``participated``: only those the user started or replied to. Access and
+        ``aggregate`` as :meth:`relations`."""
         _check_limit(limit)
         if include not in ("all", "participated"):
             raise InvalidParamError("include must be all or participated")
-        rows, latest, loaded = await self.db.run_interaction(
+        rows, latest, loaded, related = await self.db.run_interaction(
             "threads",
             self._threads_txn,
             user_id,
@@ -310,15 +333,18 @@ class RelationReads(EventRead):
             from_token,
             limit,
             device_id,
+            ignored if aggregate else None,
         )
         self._complete(loaded)
         more = len(rows) > limit
         rows = rows[:limit]
-        events = self._format_rows(rows, loaded, self._now())
+        now = self._now()
+        events = self._format_rows(rows, loaded, now)
         next_batch = None
         if more:
             next_batch = RoomPosition.of_event(*latest[rows[-1].event_id])
-        return ThreadsChunk(events, next_batch)
+        aggregations = bundles_of(related, events, user_id, self._format_rows, loaded, now)
+        return ThreadsChunk(events, next_batch, aggregations)
 
     def _threads_txn(
         self,
@@ -329,7 +355,8 @@ class RelationReads(EventRead):
         from_token: RoomPosition | None,
         limit: int,
         device_id: str | None,
-    ) -> tuple[list[_Row], dict[str, tuple[int, int]], _Loaded]:
+        aggregate_ignoring: frozenset[str] | None = None,
+    ) -> tuple[list[_Row], dict[str, tuple[int, int]], _Loaded, Related]:
         view = _readable_view_txn(txn, user_id, room_id)
         high = MAX_POSITION if from_token is None else from_token.as_tuple()
         mine = ""
@@ -365,96 +392,220 @@ class RelationReads(EventRead):
                 break
             high = (int(batch[-1][0]), int(batch[-1][1]))
         rows = rows[: limit + 1]
-        return rows, latest, self._load_txn(txn, rows[:limit], (), user_id, device_id)
+        served, related = _related_of_txn(
+            txn, user_id, room_id, view, rows[:limit], aggregate_ignoring
+        )
+        return rows, latest, self._load_txn(txn, served, (), user_id, device_id), related
 
     async def aggregations(
-        self, user_id: str, events: Iterable[ClientEvent], *, device_id: str | None = None
+        self,
+        user_id: str,
+        events: Iterable[ClientEvent],
+        *,
+        device_id: str | None = None,
+        ignored: frozenset[str] = frozenset(),
     ) -> dict[str, dict[str, Any]]:
         """Event ID -> its ``unsigned["m.relations"]`` for those of ``events`` (served to
         the user already) that have visible, unredacted ``m.thread`` or ``m.reference``
-        relations. State and redacted events get none (as Synapse)."""
-        parents: dict[str, tuple[str, str]] = {}
-        for event in events:
-            unsigned = event.get("unsigned")
-            if "state_key" in event or (
-                isinstance(unsigned, dict) and "redacted_because" in unsigned
-            ):
-                continue
-            event_id, room_id, sender = (
-                event.get("event_id"),
-                event.get("room_id"),
-                event.get("sender"),
-            )
-            if isinstance(event_id, str) and isinstance(room_id, str) and isinstance(sender, str):
-                parents[event_id] = (room_id, sender)
+        relations from users the user does not ignore (``ignored``). State and redacted
+        events get none (as Synapse). One transaction; the reads that serve pages
+        (``/messages``, an initial sync) read the same in their own
+        (:func:`related_txn`)."""
+        parents = _parents_of(events)
         if not parents:
             return {}
-        found, loaded = await self.db.run_interaction(
-            "relation_aggregations", self._aggregations_txn, user_id, parents, device_id
+        related, loaded = await self.db.run_interaction(
+            "relation_aggregations", self._aggregations_txn, user_id, parents, device_id, ignored
         )
-        if not found:
+        if not related.found:
             return {}
         self._complete(loaded)
-        now = self._now()
-        result: dict[str, dict[str, Any]] = {}
-        for parent, (threads, references) in found.items():
-            bundle: dict[str, Any] = {}
-            if threads:
-                latest = max(threads, key=lambda item: item[1].position)[1]
-                _, root_sender = parents[parent]
-                bundle[THREAD] = {
-                    "latest_event": self._format_rows([latest], loaded, now)[0],
-                    "count": len(threads),
-                    "current_user_participated": root_sender == user_id
-                    or any(sender == user_id for sender, _ in threads),
-                }
-            if references:
-                bundle[REFERENCE] = {"chunk": [{"event_id": r.event_id} for r in references]}
-            result[parent] = bundle
-        return result
+        return bundles_of(related, events, user_id, self._format_rows, loaded, self._now())
 
     def _aggregations_txn(
         self,
         txn: Transaction,
         user_id: str,
-        parents: Mapping[str, tuple[str, str]],
+        parents: Mapping[str, str],
         device_id: str | None,
-    ) -> tuple[dict[str, tuple[list[tuple[str, _Row]], list[_Row]]], _Loaded]:
-        candidates: list[tuple[str, str, str, _Row]] = []
-        for chunk in _chunks(list(parents)):
-            for r in txn.query(
-                f"SELECT r.relates_to_id, r.relation_type, r.sender, r.room_id, {_COLUMNS}"
-                " FROM event_relations r JOIN timeline_events t ON t.event_id = r.event_id"
-                f" WHERE r.relates_to_id IN ({_marks(len(chunk))})"
-                " AND r.relation_type IN ('m.thread', 'm.reference')"
-                " ORDER BY r.topological_ordering, r.stream_ordering",
-                chunk,
-            ):
-                parent = str(r[0])
-                if r[3] != parents[parent][0]:
-                    continue  # a relation from another room is no relation
-                row = _to_row(r[4:])
-                if row.redacted_by is None:
-                    candidates.append((parent, str(r[1]), str(r[2]), row))
-        if not candidates:
-            return {}, self._load_txn(txn, (), (), user_id, device_id)
-        rooms = list(dict.fromkeys(parents[c[0]][0] for c in candidates))
-        views, _ = _load_views_txn(txn, rooms, user_id)
-        found: dict[str, tuple[list[tuple[str, _Row]], list[_Row]]] = {}
-        for parent, rel_type, sender, row in candidates:
-            if not views[parents[parent][0]].visible(row):
-                continue
-            threads, references = found.setdefault(parent, ([], []))
-            if rel_type == THREAD:
-                threads.append((sender, row))
-            else:
-                references.append(row)
-        latest = [
-            max(threads, key=lambda item: item[1].position)[1]
-            for threads, _ in found.values()
-            if threads
-        ]
-        return found, self._load_txn(txn, latest, (), user_id, device_id)
+        ignored: frozenset[str],
+    ) -> tuple[Related, _Loaded]:
+        related = related_txn(txn, user_id, parents, ignored)
+        return related, self._load_txn(txn, related.latest, (), user_id, device_id)
+
+
+@dataclass
+class _Aggregate:
+    """What one parent's bundle is made of: its visible, unredacted ``m.thread``
+    replies from users not ignored (oldest first), whether the viewer sent any visible
+    reply (ignored or not: participation is the viewer's own), and its visible
+    ``m.reference`` relations from users not ignored."""
+
+    threads: list[_Row]
+    participated: bool
+    references: list[_Row]
+
+
+@dataclass
+class Related:
+    """The relations read for bundled aggregations (:func:`related_txn`): ``found``:
+    parent event ID -> its :class:`_Aggregate`; ``latest``: each thread's latest reply,
+    which the read's own formatting load must include (:func:`bundles_of` formats it)."""
+
+    found: dict[str, _Aggregate]
+    latest: list[_Row]
+
+
+def _parents_of(events: Iterable[ClientEvent]) -> dict[str, str]:
+    """event ID -> room ID of the served events that may carry an aggregation (not
+    state, not redacted)."""
+    parents: dict[str, str] = {}
+    for event in events:
+        if "state_key" in event or _redacted(event):
+            continue
+        event_id, room_id = event.get("event_id"), event.get("room_id")
+        if isinstance(event_id, str) and isinstance(room_id, str):
+            parents[event_id] = room_id
+    return parents
+
+
+def _redacted(event: ClientEvent) -> bool:
+    unsigned = event.get("unsigned")
+    return isinstance(unsigned, dict) and "redacted_because" in unsigned
+
+
+def related_txn(
+    txn: Transaction,
+    user_id: str,
+    parents: Mapping[str, str],
+    ignored: frozenset[str] = frozenset(),
+    views: Mapping[str, _View] | None = None,
+) -> Related:
+    """The ``m.thread``/``m.reference`` relations of ``parents`` (event ID -> room ID)
+    that the user may see, inside the caller's transaction: one statement per 500
+    parents, plus the user's views of the rooms involved unless ``views`` holds them
+    all. Relations from another room than their parent's, redacted ones and ones the
+    user may not see are left out; so are ``ignored`` senders' (as Synapse: not counted,
+    never the latest event, no reference), though a user's own reply still counts as
+    participation. A parent's eligibility (state, redacted) is :func:`bundles_of`'s."""
+    candidates: list[tuple[str, str, str, _Row]] = []
+    for chunk in _chunks(list(parents)):
+        for r in txn.query(
+            f"SELECT r.relates_to_id, r.relation_type, r.sender, r.room_id, {_COLUMNS}"
+            " FROM event_relations r JOIN timeline_events t ON t.event_id = r.event_id"
+            f" WHERE r.relates_to_id IN ({_marks(len(chunk))})"
+            " AND r.relation_type IN ('m.thread', 'm.reference')"
+            " ORDER BY r.topological_ordering, r.stream_ordering",
+            chunk,
+        ):
+            parent = str(r[0])
+            if r[3] != parents[parent]:
+                continue  # a relation from another room is no relation
+            row = _to_row(r[4:])
+            if row.redacted_by is None:
+                candidates.append((parent, str(r[1]), str(r[2]), row))
+    if not candidates:
+        return Related({}, [])
+    rooms = list(dict.fromkeys(parents[c[0]] for c in candidates))
+    known = views or {}
+    if any(room not in known for room in rooms):
+        known = {**known, **_load_views_txn(txn, [r for r in rooms if r not in known], user_id)[0]}
+    found: dict[str, _Aggregate] = {}
+    for parent, rel_type, sender, row in candidates:
+        if not known[parents[parent]].visible(row):
+            continue
+        aggregate = found.setdefault(parent, _Aggregate([], False, []))
+        if rel_type == THREAD:
+            if sender == user_id:
+                aggregate.participated = True
+            if sender not in ignored:
+                aggregate.threads.append(row)
+        elif sender not in ignored:
+            aggregate.references.append(row)
+    latest = [max(a.threads, key=lambda row: row.position) for a in found.values() if a.threads]
+    return Related(found, latest)
+
+
+def bundles_of(
+    related: Related,
+    events: Iterable[ClientEvent],
+    user_id: str,
+    format_rows: Callable[[Iterable[_Row], _Loaded, int | None], list[ClientEvent]],
+    loaded: _Loaded,
+    now: int | None,
+) -> dict[str, dict[str, Any]]:
+    """Event ID -> ``unsigned["m.relations"]`` for those of ``events`` that may carry
+    one (not state, not redacted) and have something in ``related`` (after the
+    formatter completed ``loaded``, which holds ``related.latest``). A thread whose
+    every reply came from ignored users has no ``m.thread`` summary."""
+    result: dict[str, dict[str, Any]] = {}
+    if not related.found:
+        return result
+    for event in events:
+        event_id = event.get("event_id")
+        aggregate = related.found.get(event_id) if isinstance(event_id, str) else None
+        if aggregate is None or "state_key" in event or _redacted(event):
+            continue
+        bundle: dict[str, Any] = {}
+        if aggregate.threads:
+            latest = max(aggregate.threads, key=lambda row: row.position)
+            bundle[THREAD] = {
+                "latest_event": format_rows([latest], loaded, now)[0],
+                "count": len(aggregate.threads),
+                "current_user_participated": event.get("sender") == user_id
+                or aggregate.participated,
+            }
+        if aggregate.references:
+            bundle[REFERENCE] = {"chunk": [{"event_id": r.event_id} for r in aggregate.references]}
+        if bundle:
+            result[str(event_id)] = bundle
+    return result
+
+
+def with_latest(rows: list[_Row], related: Related) -> list[_Row]:
+    """``rows`` and the threads' latest replies the aggregations format (each once): what
+    a read that folds the aggregations in loads for formatting."""
+    if not related.latest:
+        return rows
+    served = {r.event_id for r in rows}
+    return [*rows, *(r for r in related.latest if r.event_id not in served)]
+
+
+def attach_bundles(events: Iterable[ClientEvent], bundles: Mapping[str, dict[str, Any]]) -> None:
+    """Put each bundle in its event's ``unsigned["m.relations"]`` (in place; each such
+    event gets a new ``unsigned`` dict, so cached formats are never touched)."""
+    if not bundles:
+        return
+    for event in events:
+        bundle = bundles.get(str(event.get("event_id")))
+        if bundle is not None:
+            unsigned = event.get("unsigned")
+            event["unsigned"] = {
+                **(unsigned if isinstance(unsigned, dict) else {}),
+                "m.relations": bundle,
+            }
+
+
+def _related_of_txn(
+    txn: Transaction,
+    user_id: str,
+    room_id: str,
+    view: _View,
+    rows: list[_Row],
+    aggregate_ignoring: frozenset[str] | None,
+) -> tuple[list[_Row], Related]:
+    """For a read of one room's ``rows`` that folds the aggregations in (unless
+    ``aggregate_ignoring`` is None): (the rows to load for formatting, the relations)."""
+    if aggregate_ignoring is None or not rows:
+        return rows, Related({}, [])
+    related = related_txn(
+        txn,
+        user_id,
+        {r.event_id: room_id for r in rows if r.redacted_by is None},
+        aggregate_ignoring,
+        {room_id: view},
+    )
+    return with_latest(rows, related), related
 
 
 def _readable_view_txn(txn: Transaction, user_id: str, room_id: str) -> _View:

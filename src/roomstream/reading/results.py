@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from roomstream.reading.format import ClientEvent
 from roomstream.reading.tokens import (
@@ -65,6 +66,8 @@ class RoomPage:
     events: list[ClientEvent]
     limited: bool
     prev_batch: RoomPosition
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``.
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,6 +86,10 @@ class SyncResult:
     next_token: EventsToken
     rooms: dict[str, RoomTimeline]
     membership_changes: list[ClientEvent]
+    #: An initial sync read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``
+    #: (an incremental sync leaves it empty: its caller reads what the change cache
+    #: says may have relations).
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def members_moved(self) -> bool:
         """Whether a membership moved in the range: the user's own, or another's in a
@@ -127,6 +134,8 @@ class LatestRoomsPage:
     rooms: list[RoomTimeline]
     next_cursor: RoomsCursor | None
     token: EventsToken
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``.
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -134,12 +143,16 @@ class PaginationChunk:
     """A page of :meth:`RoomReader.paginate`: events in the direction asked (newest first
     going backwards), ``start`` (the token given) and ``end`` (continue from here; None
     when nothing further exists in that direction). ``departed``: read with
-    ``check_access``, the user may read the room only because they left it."""
+    ``check_access``, the user may read the room only because they left it.
+    ``aggregations``: see :meth:`RoomReader.paginate`'s ``aggregate``."""
 
     events: list[ClientEvent]
     start: PaginationToken
     end: RoomPosition | None
     departed: bool = False
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]`` (only the
+    #: events that have one).
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,6 +167,8 @@ class EventContext:
     start: RoomPosition
     end: RoomPosition
     state: list[ClientEvent]
+    #: Read with ``aggregate``: event ID -> its ``unsigned["m.relations"]``.
+    aggregations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -73,6 +73,8 @@ RANK_CANDIDATES = 500
 RECENT_CANDIDATES = 1000
 #: Words of a search term used at most.
 MAX_TERMS = 32
+#: Index rows written per statement (5 parameters each: well under either engine's limit).
+_INSERT_BATCH = 500
 
 _WORD = re.compile(r"\w+")
 _BATCH = re.compile(r"r(-?[0-9]{1,19})(?:~(!.{1,255}))?")
@@ -136,24 +138,21 @@ class SqliteSearch:
     """FTS5: each word a quoted prefix query, AND-ed; rank is ``-bm25`` (bm25 is lower
     for better matches). A row's ``rowid`` is its event's stream ordering (unique, as
     ``events``' key): FTS5 has no unique constraint, and the rowid is the one column it
-    can look up without a scan, so this is how an event's row is found."""
+    can look up without a scan, so this is how an event's row is found.
+
+    Written batch-wise, one statement per :data:`_INSERT_BATCH` rows, with no lookup
+    first: ``OR REPLACE`` is FTS5's one conflict mode on the rowid (``OR IGNORE`` is
+    refused), and a row already there (a rebuild over indexed events) is the same
+    event's, replaced by an identical one: still one row per event."""
 
     def insert_txn(self, txn: Transaction, rows: Sequence[tuple[str, str, str, str, int]]) -> None:
-        present: set[int] = set()
-        orderings = [r[4] for r in rows]
-        for start in range(0, len(orderings), 500):
-            chunk = orderings[start : start + 500]
-            present.update(
-                int(r[0])
-                for r in txn.query(
-                    f"SELECT rowid FROM event_search WHERE rowid IN ({_marks(len(chunk))})", chunk
-                )
+        for start in range(0, len(rows), _INSERT_BATCH):
+            batch = rows[start : start + _INSERT_BATCH]
+            txn.execute(
+                "INSERT OR REPLACE INTO event_search (rowid, event_id, room_id, key, value)"
+                f" VALUES {', '.join(['(?, ?, ?, ?, ?)'] * len(batch))}",
+                [v for r in batch for v in (r[4], r[0], r[1], r[2], r[3])],
             )
-        txn.executemany(
-            "INSERT INTO event_search (rowid, event_id, room_id, key, value)"
-            " VALUES (?, ?, ?, ?, ?)",
-            [(r[4], r[0], r[1], r[2], r[3]) for r in rows if r[4] not in present],
-        )
 
     def match_sql(
         self,
@@ -176,14 +175,19 @@ class SqliteSearch:
 
 class PostgresSearch:
     """``to_tsvector('english', value)`` in a GIN-indexed column; each word a prefix
-    (``word:*``), AND-ed; rank is ``ts_rank_cd``."""
+    (``word:*``), AND-ed; rank is ``ts_rank_cd``. Written batch-wise as on SQLite (one
+    statement per :data:`_INSERT_BATCH` rows; an event indexed already is skipped by its
+    key)."""
 
     def insert_txn(self, txn: Transaction, rows: Sequence[tuple[str, str, str, str, int]]) -> None:
-        txn.executemany(
-            "INSERT INTO event_search (event_id, room_id, key, vector)"
-            " VALUES (?, ?, ?, to_tsvector('english', ?)) ON CONFLICT (event_id) DO NOTHING",
-            [r[:4] for r in rows],
-        )
+        for start in range(0, len(rows), _INSERT_BATCH):
+            batch = rows[start : start + _INSERT_BATCH]
+            txn.execute(
+                "INSERT INTO event_search (event_id, room_id, key, vector) VALUES "
+                + ", ".join(["(?, ?, ?, to_tsvector('english', ?))"] * len(batch))
+                + " ON CONFLICT (event_id) DO NOTHING",
+                [v for r in batch for v in r[:4]],
+            )
 
     def match_sql(
         self,

@@ -138,6 +138,8 @@ class NewEvents(EventRead):
         full_state: bool = False,
         lazy_members: bool = False,
         timeline_filter: EventPredicate | None = None,
+        aggregate: bool = False,
+        ignored: frozenset[str] = frozenset(),
     ) -> SyncResult:
         """Every visible event in the user's rooms after ``since``, per room (newest
         ``timeline_limit``, with ``limited`` and ``prev_batch``), plus the user's own
@@ -176,6 +178,10 @@ class NewEvents(EventRead):
 
         Rooms whose events-stream position has not moved since ``since`` are skipped
         from the change cache without a query (unless ``full_state``).
+
+        ``aggregate`` (an initial sync only): the result's ``aggregations`` hold the
+        timelines' bundled aggregations, relations from ``ignored`` senders left out,
+        read in the same transaction (:meth:`LatestRooms.latest_rooms`).
         """
         _check_limit(timeline_limit)
         upto = await self._ingest()
@@ -188,13 +194,15 @@ class NewEvents(EventRead):
                 device_id=device_id,
                 state="timeline_start",
                 timeline_filter=timeline_filter,
+                aggregate=aggregate,
+                ignored=ignored,
                 _token=upto,
             )
             if lazy_members:
                 for timeline in page.rooms:
                     if timeline.membership != "invite":
                         timeline.state = _lazy_members(timeline.state, timeline.events, user_id)
-            return SyncResult(upto, {r.room_id: r for r in page.rooms}, [])
+            return SyncResult(upto, {r.room_id: r for r in page.rooms}, [], page.aggregations)
         floor = since.minimum
         # The rooms changed since the floor, from the change cache when it knows them
         # and they are fewer than the user's rooms (a wake then costs what changed, not

@@ -34,6 +34,7 @@ from roomstream.client.sync_sections.base import (
 from roomstream.client.unread import UnreadCounter
 from roomstream.events.types import EventTypes
 from roomstream.reading import EventsToken, RoomReader, RoomTimeline
+from roomstream.reading.relations import attach_bundles
 from roomstream.streams.rows import EventRow, events_row_from_wire
 
 __all__ = ["RoomsSection"]
@@ -98,6 +99,9 @@ class RoomsSection(SyncSection):
             full_state=ctx.full_state,
             lazy_members=only.state.lazy_load_members,
             timeline_filter=_timeline_predicate(only.timeline, ignored),
+            # An initial sync reads the aggregations in its own transaction.
+            aggregate=since is None and ctx.timeline_limit > 0,
+            ignored=ignored,
         )
         if ctx.timeline_limit == 0:
             for room_id, timeline in result.rooms.items():
@@ -130,15 +134,18 @@ class RoomsSection(SyncSection):
                     "state": events(_kept(only.state, timeline.state)),
                     "account_data": events([]),
                 }
-        # Server-side aggregations (m.thread, m.reference) on the timelines' events: one
-        # more read, of the relations index, when some served event may have relations.
+        # Server-side aggregations (m.thread, m.reference) on the timelines' events: an
+        # initial sync read them with its timelines; an incremental one reads them in one
+        # more transaction, only when some served event may have relations.
         served = [
             e
             for part in (join, leave)
             for room in part.values()
             for e in room["timeline"]["events"]
         ]
-        if since is not None:
+        if since is None:
+            attach_bundles(served, result.aggregations)
+        else:
             # An incremental sync's timelines hold events after the token, except rooms
             # whose membership of the user moved (a newly joined room shows older
             # history): the rest are skipped unless the change cache saw a relation to
@@ -153,7 +160,7 @@ class RoomsSection(SyncSection):
                 for e in served
                 if e.get("room_id") in moved or str(e.get("event_id")) in candidates
             ]
-        await bundle_aggregations(self.reader, user_id, ctx.device_id, served)
+            await bundle_aggregations(self.reader, user_id, ctx.device_id, served, ignored)
         if since is not None:
             newly_invited = {r for r, t in result.rooms.items() if t.membership == "invite"} | {
                 e["room_id"]
