@@ -110,7 +110,9 @@ async def test_failing_destination_backs_off_then_catches_up_by_room(
     # The remote fetches m1 and m2 with get_missing_events: m4's prev event is m2.
     m4_pdu = transport.pdus_to(R2)[-1]
     assert m4_pdu["prev_events"] == [m2]
-    assert commands.sent == [(RemoteServerUpCommand(R2), "main")]
+    # Announced once the recovery is recorded.
+    up = [(RemoteServerUpCommand(R2), "main")]
+    await wait_for(lambda: commands.sent == up, what="REMOTE_SERVER_UP")
     await wait_for(lambda: not sender.queues[R2].catching_up, what="live again")
     m5 = await say(engine, room_b, "m5")
     await wait_for(lambda: event_ids(transport, R2) == [m3, m4, m5], what="live after catch-up")
