@@ -113,10 +113,17 @@ def sender_config(**raw: Any) -> Config:
     return parse_config({"server_name": SERVER, **raw})
 
 
-async def open_engine(database: Database, tmp_path: Path) -> RoomEngine:
-    streams = await StreamSet.open(database, "main", {})
+async def open_engine(
+    database: Database,
+    tmp_path: Path,
+    instance: str = "main",
+    writers: Mapping[str, tuple[str, ...]] | None = None,
+) -> RoomEngine:
+    streams = await StreamSet.open(database, instance, dict(writers or {}))
     key = load_or_create_signing_key(tmp_path / "keys", SERVER)
-    return RoomEngine(database, streams, SERVER, "main", key, participants=read_side_participants())
+    return RoomEngine(
+        database, streams, SERVER, instance, key, participants=read_side_participants()
+    )
 
 
 async def room_with_remote_members(

@@ -111,7 +111,9 @@ async def test_failing_destination_backs_off_then_catches_up_by_room(
     # The remote fetches m1 and m2 with get_missing_events: m4's prev event is m2.
     m4_pdu = transport.pdus_to(R2)[-1]
     assert m4_pdu["prev_events"] == [m2]
-    assert commands.sent == [(RemoteServerUpCommand(R2), "main")]
+    # Announced once the recovery is recorded.
+    up = [(RemoteServerUpCommand(R2), "main")]
+    await wait_for(lambda: commands.sent == up, what="REMOTE_SERVER_UP")
     await wait_for(lambda: not sender.queues[R2].catching_up, what="live again")
     m5 = await say(engine, room_b, "m5")
     await wait_for(lambda: event_ids(transport, R2) == [m3, m4, m5], what="live after catch-up")
@@ -313,3 +315,47 @@ async def test_kicked_and_rescinded_invitee_servers_hear_of_it(
     queue = sender.queues[R2]
     await wait_for(lambda: not queue.in_flight, what="R2 idle")
     assert queue.pending_pdu_count == 0 and event_ids(transport, R2) == ids
+
+
+async def test_two_events_writers_merged_in_stream_order(
+    database: Database, tmp_path: Path, running: list[FederationSender]
+) -> None:
+    writers = {"events": ("w1", "w2")}
+    w1 = await open_engine(database, tmp_path, "w1", writers)
+    w2 = await open_engine(database, tmp_path, "w2", writers)
+    room_a = await room_with_remote_members(w1, tmp_path, [R1], "A")
+    room_b = await room_with_remote_members(w2, tmp_path, [R1], "B")
+    on_w1, on_w2 = w1.streams.generator("events"), w2.streams.generator("events")
+
+    def replicate() -> None:
+        """What replication does between the two: each hears the other's position (an
+        idle writer's own position moves up to what it has seen allocated), then w1
+        tells its listeners."""
+        on_w2.advance("w1", on_w1.get_position("w1"))
+        on_w1.advance("w2", on_w2.get_position("w2"))
+        sender.on_replicated_position("events", "w2", on_w1.get_position("w2"))
+
+    config = sender_config(
+        instance_name="w1",
+        instances={"w1": {}, "w2": {}},
+        stream_writers={"events": ["w1", "w2"]},
+        federation_sender_instances=["w1"],
+    )
+    transport = FakeTransport()
+    sender = start_sender(w1, transport, FakeClock(), config)
+    replicate()
+    running.append(sender)
+    await sender.start()
+    a1 = await say(w1, room_a, "a1")
+    replicate()
+    await wait_for(lambda: event_ids(transport, R1) == [a1], what="a1")
+    b1 = await say(w2, room_b, "b1")
+    a2 = await say(w1, room_a, "a2")
+    # a2 is past the linear position until w1 hears that w2 has nothing in flight below
+    # it; then b1 (written first) goes out first, though a2 is w1's own.
+    assert on_w1.get_linear_position() < on_w1.get_position("w1")
+    replicate()
+    await wait_for(lambda: event_ids(transport, R1) == [a1, b1, a2], what="merged")
+    b2 = await say(w2, room_b, "b2")
+    replicate()
+    await wait_for(lambda: event_ids(transport, R1) == [a1, b1, a2, b2], what="w2 alone")

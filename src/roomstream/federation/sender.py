@@ -45,7 +45,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from roomstream import exactjson
 from roomstream.client.presence import UserPresence
@@ -720,3 +720,11 @@ def _devices_of_txn(
             "SELECT device_id, display_name FROM devices WHERE user_id = ?", (user_id,)
         )
     }
+
+
+if TYPE_CHECKING:
+    from roomstream.replication.worker import ReplicatedDataListener
+
+    def _is_a_replication_listener(sender: FederationSender) -> ReplicatedDataListener:
+        """Checked by mypy: the assembly can put a sender in ``node.listeners``."""
+        return sender
