@@ -14,7 +14,6 @@ Paths, under ``/_matrix/federation``: ``GET /v1/query/profile``, ``GET
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -28,15 +27,15 @@ from roomstream.client.request import (
     room_id_in_path,
 )
 from roomstream.errors import BadJsonError, BadRequestError, InvalidParamError, MissingParamError
+from roomstream.federation.auth import Authenticate
 from roomstream.federation.queries import FederationQueries, MediaAnswer
 from roomstream.httpbase import json_response, parse_json_object
 from roomstream.media.repository import DEFAULT_TIMEOUT_MS, MAX_THUMBNAIL_SIDE
 
-__all__ = ["FEDERATION_PREFIX", "Authenticate", "install_query_routes"]
+__all__ = ["FEDERATION_PREFIX", "install_query_routes"]
 
 FEDERATION_PREFIX = "/_matrix/federation"
 #: Checks a request's ``X-Matrix`` authorization over its body; the origin's name.
-Authenticate = Callable[[web.Request, bytes | None], Awaitable[str]]
 #: Longest search term or ``since`` token accepted (the client API's bound).
 MAX_TERM_LENGTH = 1000
 #: Longest a media request may wait for an asynchronous upload (Synapse's bound).

@@ -61,8 +61,8 @@ from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from roomstream.events.signing import SigningKey, check_event_signatures, sign_event
 from roomstream.events.types import EventTypes
+from roomstream.federation.acl import server_allowed
 from roomstream.federation.gaps import FederationRequester, GapFiller, pdu_bytes
-from roomstream.federation.server_acl_check import server_allowed
 from roomstream.federation.server_visibility import (
     filter_events_for_server,
     host_in_room_at,
@@ -305,7 +305,7 @@ class FederationServer:
         if acl_id is None:
             return True
         acl = await self.store.get_event(acl_id)
-        return acl is None or server_allowed(acl.content, server_name)
+        return acl is None or server_allowed(server_name, acl.content)
 
     # -- queries ----------------------------------------------------------------------
 
