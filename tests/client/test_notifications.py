@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.client import room_with, send
+from tests.support.client import room_with, send, sync
 from tests.support.homeserver import Homeserver, User
 
 
@@ -66,3 +66,26 @@ async def test_bad_notifications_parameters(homeserver: Homeserver) -> None:
     for query in ("?from=abc", "?limit=-1", "?only=everything"):
         status, body = await homeserver.call("GET", "/notifications" + query, token=alice.token)
         assert (status, body["errcode"]) == (400, "M_INVALID_PARAM"), query
+
+
+async def test_edits_neither_notify_nor_count_as_unread(homeserver: Homeserver) -> None:
+    alice = await homeserver.register("alice")
+    bob = await homeserver.register("bob")
+    room_id = await room_with(homeserver, bob, alice)
+    original = await send(homeserver, bob, room_id, "typo")
+    edit = {
+        "msgtype": "m.text",
+        "body": "* fixed",
+        "m.new_content": {"msgtype": "m.text", "body": "fixed"},
+        "m.relates_to": {"rel_type": "m.replace", "event_id": original},
+    }
+    path = f"/rooms/{room_id}/send/m.room.message/{homeserver.txn()}"
+    await homeserver.ok("PUT", path, edit, token=bob.token)
+    assert _bodies(await _notifications(homeserver, alice)) == ["typo"]
+    counts = (await sync(homeserver, alice))["rooms"]["join"][room_id]["unread_notifications"]
+    assert counts == {"notification_count": 1, "highlight_count": 0}
+    # An edit that mentions alice does notify (.m.rule.is_user_mention comes first).
+    mention = {**edit, "body": "* fixed @alice", "m.mentions": {"user_ids": [alice.user_id]}}
+    path = f"/rooms/{room_id}/send/m.room.message/{homeserver.txn()}"
+    await homeserver.ok("PUT", path, mention, token=bob.token)
+    assert _bodies(await _notifications(homeserver, alice)) == ["* fixed @alice", "typo"]

@@ -101,8 +101,18 @@ async def test_gateway_receives_what_the_rules_call_for_in_order(
         )
         await send(hs, bob, room_id, "m2 hello alice")
         await send(hs, bob, room_id, "m3")
-        await wait_for(lambda: len(gw.received) >= 3, what="three notifications")
-        assert gw.bodies() == ["m1", "m2 hello alice", "m3"]
+        # An edit notifies no one (.m.rule.suppress_edits): m4 follows m3 directly.
+        edit = {
+            "msgtype": "m.text",
+            "body": "* m1 edited",
+            "m.new_content": {"msgtype": "m.text", "body": "m1 edited"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": first},
+        }
+        path = f"/rooms/{room_id}/send/m.room.message/{hs.txn()}"
+        await hs.ok("PUT", path, edit, token=bob.token)
+        await send(hs, bob, room_id, "m4")
+        await wait_for(lambda: len(gw.received) >= 4, what="four notifications")
+        assert gw.bodies() == ["m1", "m2 hello alice", "m3", "m4"]
         one = gw.received[0]
         assert (one["event_id"], one["room_id"], one["type"]) == (first, room_id, "m.room.message")
         assert (one["sender"], one["room_name"], one["prio"]) == (bob.user_id, "Ops", "low")

@@ -123,6 +123,19 @@ def default_push_rules(user_id: str) -> dict[str, Any]:
             [],
             [_event_match("type", EventTypes.SERVER_ACL), _event_match("state_key", "")],
         ),
+        # Edits notify no one (the spec's and Synapse's rule, an exact comparison): an
+        # edit that mentions the user was already decided by .m.rule.is_user_mention.
+        _rule(
+            ".m.rule.suppress_edits",
+            [],
+            [
+                {
+                    "kind": "event_property_is",
+                    "key": "content.m\\.relates_to.rel_type",
+                    "value": "m.replace",
+                }
+            ],
+        ),
     ]
     content = [
         {
