@@ -3,7 +3,8 @@ reader are written by the push_rules writer w2 and reach w1, the one pushers wri
 only through the ``push_rules`` stream (w1 also writes account data, whose rows no longer
 invalidate rules); they decide what w1 delivers for events persisted by either events
 writer and what its ``/notifications`` lists; ``/pushers/set`` on the reader is forwarded
-to w1; the gateway gets each notification once, in order."""
+to w1; the gateway gets each notification once, in order; a logout on the reader removes
+the device's pusher on w1."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ async def _sender_rules(client: Client) -> list[str]:
 async def test_one_process_delivers_what_rules_set_anywhere_call_for(
     tmp_path: Path, pg_database: str, redis_url: str
 ) -> None:
-    writers = {**USER_DATA_WRITERS, "pushers": ["w1"], "push_rules": ["w2"]}
+    writers = {**USER_DATA_WRITERS, "pushers": ["w1"], "push_rules": ["w2"], "caches": ["w2"]}
     async with (
         gateway() as gw,
         run_cluster(tmp_path, pg_database, writers) as (_, raw),
@@ -94,3 +95,17 @@ async def test_one_process_delivers_what_rules_set_anywhere_call_for(
         await carol.ok("PUT", path, {"msgtype": "m.text", "body": "unmuted"})
         await wait_for(lambda: "unmuted" in gw.bodies(), 60, "carol's message pushed")
         assert len(gw.received) == len(expected) + 1
+
+        # Logging out on the reader (carried out by the caches writer w2) removes the
+        # pusher alice's device set, on the pushers writer w1.
+        await alice.ok("POST", "/logout", {})
+        login = {
+            "type": "m.login.password",
+            "identifier": {"type": "m.id.user", "user": "alice"},
+            "password": "pw-alice",
+        }
+        async with session.post(url["w2"] + "/_matrix/client/v3/login", json=login) as resp:
+            assert resp.status == 200
+            token = (await resp.json())["access_token"]
+        again = Client(session, url["w1"], alice.user_id, token)
+        assert (await again.ok("GET", "/pushers"))["pushers"] == []

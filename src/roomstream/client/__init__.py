@@ -396,6 +396,13 @@ class ClientProcess:
         writer = self.config.writers_of("pushers")[0]
 
         async def remove(user_id: str, device_ids: list[str]) -> None:
+            # Read here first: most logouts have no pushers to remove, and then no
+            # writer is bothered (a pusher set meanwhile by a deleted device cannot be:
+            # its tokens are gone).
+            pushers = await pool.store.list_for_user(user_id)
+            device_ids = [d for d in device_ids if any(p.device_id == d for p in pushers)]
+            if not device_ids:
+                return
             if pool.delivers or http_client is None:
                 await pool.remove_for_devices(user_id, device_ids)
                 return
