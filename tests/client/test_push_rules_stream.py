@@ -68,3 +68,23 @@ async def test_rules_from_before_the_stream_are_kept(
         # And they go on being edited from there.
         await hs.ok("DELETE", f"/pushrules/global/sender/{bob.user_id}", token=alice.token)
         assert _sender_rules(await hs.ok("GET", "/pushrules/", token=alice.token)) == []
+
+
+async def test_every_initial_sync_carries_the_rules(homeserver: Homeserver) -> None:
+    """As Synapse: the defaults for a user who never changed them; an incremental sync
+    only when they changed."""
+    hs = homeserver
+    alice = await hs.register("alice")
+    first = await sync(hs, alice)
+    pushed = {e["type"]: e["content"] for e in first["account_data"]["events"]}
+    assert pushed["m.push_rules"] == await hs.ok("GET", "/pushrules/", token=alice.token)
+    await hs.ok("PUT", f"/user/{alice.user_id}/account_data/org.example.x", {}, token=alice.token)
+    later = await sync(hs, alice, since=first["next_batch"])
+    assert [e["type"] for e in later["account_data"]["events"]] == ["org.example.x"]
+    body = {"actions": ["notify"], "pattern": "cake"}
+    await hs.ok("PUT", "/pushrules/global/content/cake", body, token=alice.token)
+    changed = await sync(hs, alice, since=later["next_batch"])
+    content = next(
+        e["content"] for e in changed["account_data"]["events"] if e["type"] == "m.push_rules"
+    )
+    assert content["global"]["content"][0]["rule_id"] == "cake"
