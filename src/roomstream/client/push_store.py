@@ -20,8 +20,11 @@ What clients see: after each edit the writer also stores the document as the use
 forwarded if need be), so ``/sync``'s ``account_data`` (and sliding sync's, and
 ``/initialSync``) carries it as Synapse sends it; ``GET /pushrules`` reads this table.
 Invariant: the copy is the document as of the user's last edit, except after a crash
-between the two writes, when it stays one edit behind until the user's next edit (the
-rules in force, the table's, are never behind).
+between the two writes, or a failure of the second (the ``account_data`` writer out of
+reach: the edit answers that error though the rules changed), when it stays one edit
+behind until the user's next edit (the rules in force, the table's, are never behind).
+Every initial ``/sync`` carries the rules whether or not a copy exists
+(:mod:`roomstream.client.sync_sections.account_data`).
 """
 
 from __future__ import annotations
