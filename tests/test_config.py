@@ -64,6 +64,10 @@ def test_full_file(tmp_path: Path) -> None:
             r"stream_writers.events names 'w9', which is not among instances \(w1\)",
         ),
         (
+            {"stream_writers": {"push_rules": ["w1", "w2"]}, "instances": {"w1": {}, "w2": {}}},
+            r"stream_writers.push_rules must name one instance: push_rules has a single writer",
+        ),
+        (
             {"instances": {"a": {"http_port": 9000}, "b": {"replication_port": 9000}}},
             r"instances.b.replication_port: port 9000 on 127.0.0.1 is also instances.a.http_port",
         ),

@@ -627,7 +627,7 @@ def parse_config(raw: dict[str, Any] | None, base_dir: Path | None = None) -> Co
                     f"stream_writers.{stream} names {name!r}, which is not among instances"
                     f" ({', '.join(sorted(instances)) or 'none'})"
                 )
-    for single in ("presence", "pushers"):
+    for single in ("presence", "pushers", "push_rules"):
         if len(writers.get(single, ())) > 1:
             problems.append(
                 f"stream_writers.{single} must name one instance: {single} has a single writer"

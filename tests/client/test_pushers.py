@@ -4,6 +4,7 @@ in order, retried after failures, never twice across a restart."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -85,6 +86,7 @@ async def test_gateway_receives_what_the_rules_call_for_in_order(
         room_id = await room_with(hs, bob, alice, carol)
         await hs.ok("PUT", f"/rooms/{room_id}/state/m.room.name", {"name": "Ops"}, token=bob.token)
         await send(hs, bob, room_id, "before the pusher")
+        set_at = int(time.time())
         await _set(hs, alice, pusher_body(gw.url))
         # Muted sender, own message, a notice: no notification for any of them.
         await hs.ok(
@@ -101,21 +103,28 @@ async def test_gateway_receives_what_the_rules_call_for_in_order(
         )
         await send(hs, bob, room_id, "m2 hello alice")
         await send(hs, bob, room_id, "m3")
-        await wait_for(lambda: len(gw.received) >= 3, what="three notifications")
-        assert gw.bodies() == ["m1", "m2 hello alice", "m3"]
+        # An edit notifies no one (.m.rule.suppress_edits): m4 follows m3 directly.
+        edit = {
+            "msgtype": "m.text",
+            "body": "* m1 edited",
+            "m.new_content": {"msgtype": "m.text", "body": "m1 edited"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": first},
+        }
+        path = f"/rooms/{room_id}/send/m.room.message/{hs.txn()}"
+        await hs.ok("PUT", path, edit, token=bob.token)
+        await send(hs, bob, room_id, "m4")
+        await wait_for(lambda: len(gw.received) >= 4, what="four notifications")
+        assert gw.bodies() == ["m1", "m2 hello alice", "m3", "m4"]
         one = gw.received[0]
         assert (one["event_id"], one["room_id"], one["type"]) == (first, room_id, "m.room.message")
         assert (one["sender"], one["room_name"], one["prio"]) == (bob.user_id, "Ops", "low")
         assert one["sender_display_name"] == "bob"
         assert one["counts"] == {"unread": 1}
+        device = one["devices"][0]
+        # pushkey_ts: when the pusher was set, in seconds.
+        assert set_at <= device.pop("pushkey_ts") <= int(time.time())
         assert one["devices"] == [
-            {
-                "app_id": "io.example.app",
-                "pushkey": "key-1",
-                "pushkey_ts": 0,
-                "data": {"extra": 1},
-                "tweaks": {},
-            }
+            {"app_id": "io.example.app", "pushkey": "key-1", "data": {"extra": 1}, "tweaks": {}}
         ]
         highlight = gw.received[1]
         assert highlight["prio"] == "high"
@@ -187,3 +196,36 @@ async def test_a_rejected_pushkey_loses_itspusher_body(
 
 async def _no(found: Any) -> bool:
     return not await found
+
+
+async def test_a_devices_pushers_go_when_it_logs_out(homeserver: Homeserver) -> None:
+    """As Synapse: the pushers a device set go with the device (logout, logout/all,
+    device deletion); another device's stay, and a device changing another device's
+    pusher leaves it with the device that set it."""
+    hs = homeserver
+    alice = await hs.register("alice")
+    login = {
+        "type": "m.login.password",
+        "identifier": {"type": "m.id.user", "user": "alice"},
+        "password": "secret-password",
+    }
+    phone = (await hs.ok("POST", "/login", login))["access_token"]
+    tablet = (await hs.ok("POST", "/login", login))["access_token"]
+    url = "http://127.0.0.1:9/_matrix/push/v1/notify"
+    await hs.ok("POST", "/pushers/set", pusher_body(url, pushkey="phone"), token=phone)
+    await hs.ok("POST", "/pushers/set", pusher_body(url, pushkey="tablet"), token=tablet)
+    # The first device renames the phone's pusher: it stays the phone's.
+    renamed = pusher_body(url, pushkey="phone", device_display_name="Renamed")
+    await hs.ok("POST", "/pushers/set", renamed, token=alice.token)
+
+    async def pushkeys() -> list[str]:
+        listed = (await hs.ok("GET", "/pushers", token=alice.token))["pushers"]
+        return sorted(p["pushkey"] for p in listed)
+
+    assert await pushkeys() == ["phone", "tablet"]
+    await hs.ok("POST", "/logout", {}, token=phone)
+    assert await pushkeys() == ["tablet"]
+    # Logging out everywhere takes the rest.
+    await hs.ok("POST", "/logout/all", {}, token=tablet)
+    alice_again = (await hs.ok("POST", "/login", login))["access_token"]
+    assert (await hs.ok("GET", "/pushers", token=alice_again))["pushers"] == []

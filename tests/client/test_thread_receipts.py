@@ -92,7 +92,9 @@ async def test_unread_thread_notifications(homeserver: Homeserver) -> None:
     room_id = await room_with(hs, alice, bob)
     root = await send(hs, alice, room_id, "root")
     replies = [await relate(hs, alice, room_id, "m.thread", root, body=f"r{i}") for i in range(2)]
-    # An edit of a reply is in the reply's thread (and notifies: no suppress_edits rule).
+    # A reference to a reply is in the reply's thread (and notifies; an edit would be in
+    # it too, but notifies no one: .m.rule.suppress_edits).
+    await relate(hs, alice, room_id, "m.reference", replies[0], body="see r0")
     await relate(hs, alice, room_id, "m.replace", replies[0], body="* r0")
     other_root = await send(hs, alice, room_id, "other root")
     other_reply = await relate(hs, alice, room_id, "m.thread", other_root, body="o0")

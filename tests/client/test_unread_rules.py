@@ -65,6 +65,9 @@ def oracle(event: dict[str, Any], name: str | None, count: int, power: int) -> t
         return True, True
     if kind == "m.reaction" or (kind == "m.room.server_acl" and event.get("state_key") == ""):
         return False, False
+    relates = content.get("m.relates_to")
+    if isinstance(relates, dict) and relates.get("rel_type") == "m.replace":
+        return False, False  # an edit (exactly that rel_type) notifies no one
     if not intentional and body is not None and _word_in(body, "alice"):
         return True, True
     if kind == "m.call.invite":
@@ -95,6 +98,9 @@ def events(draw: st.DrawFn) -> dict[str, Any]:
     mention = draw(mentions_values)
     if mention is not None:
         content["m.mentions"] = mention
+    rel_type = draw(st.sampled_from([None, "m.replace", "M.Replace", "m.thread", 3]))
+    if rel_type is not None:
+        content["m.relates_to"] = {"rel_type": rel_type, "event_id": "$original"}
     if draw(st.booleans()):
         content["membership"] = draw(st.sampled_from(["invite", "join"]))
     event: dict[str, Any] = {
@@ -143,6 +149,52 @@ def test_default_rules_agree_with_the_oracle(
             expected_n += want[0]
             expected_h += want[1]
     assert count_unread(rules, batch, ctx) == (expected_n, expected_h)
+
+
+def test_default_override_rules_are_synapses_in_order() -> None:
+    """The intentional-mention rules and .m.rule.suppress_edits are where Synapse has
+    them (order decides: a mention in an edit still highlights)."""
+    override = default_push_rules(USER)["global"]["override"]
+    assert [r["rule_id"] for r in override] == [
+        ".m.rule.master",
+        ".m.rule.suppress_notices",
+        ".m.rule.invite_for_me",
+        ".m.rule.member_event",
+        ".m.rule.is_user_mention",
+        ".m.rule.contains_display_name",
+        ".m.rule.is_room_mention",
+        ".m.rule.roomnotif",
+        ".m.rule.tombstone",
+        ".m.rule.reaction",
+        ".m.rule.room.server_acl",
+        ".m.rule.suppress_edits",
+    ]
+    rules = {r["rule_id"]: r for r in override}
+    assert rules[".m.rule.is_user_mention"]["conditions"] == [
+        {"kind": "event_property_contains", "key": "content.m\\.mentions.user_ids", "value": USER}
+    ]
+    assert rules[".m.rule.is_room_mention"]["conditions"][0] == {
+        "kind": "event_property_is",
+        "key": "content.m\\.mentions.room",
+        "value": True,
+    }
+    assert rules[".m.rule.suppress_edits"]["actions"] == []
+    ctx = PushContext(USER, "Alice", 3, {"users": {"@mod:test": 100}})
+    edit = {
+        "type": "m.room.message",
+        "sender": "@bob:test",
+        "content": {
+            "body": "* fixed",
+            "m.new_content": {"body": "fixed"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": "$original"},
+        },
+    }
+    assert evaluate(rules_doc := default_push_rules(USER), edit, ctx) == (False, False)
+    mentioning = {**edit, "content": {**edit["content"], "m.mentions": {"user_ids": [USER]}}}
+    assert evaluate(rules_doc, mentioning, ctx) == (True, True)
+    room_mention = {**edit, "sender": "@mod:test"}
+    room_mention["content"] = {**edit["content"], "m.mentions": {"room": True}}
+    assert evaluate(rules_doc, room_mention, ctx) == (True, True)
 
 
 def _naive_glob(pattern: str, value: str) -> bool:

@@ -121,6 +121,10 @@ def test_paths_and_streams_are_those_of_earlier_releases() -> None:
         ("/client/presence", "presence", None),
         # Added with pushers: POST /pushers/set for the pushers writer.
         ("/client/pusher", "pushers", None),
+        # Added with the push_rules stream: an edit of a user's rules for its writer.
+        ("/client/push_rule_edit", "push_rules", None),
+        # Added with pushers going with their device: a deleted device, for their writer.
+        ("/client/device_pushers_removed", "pushers", None),
     }
     assert ep.SEND.encode_answer("$e") == {"event_id": "$e"}
     assert ep.TYPING.encode_answer(None) == {}

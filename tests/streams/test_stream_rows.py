@@ -15,6 +15,7 @@ from roomstream.streams.rows import (
     AccountDataRow,
     DeviceListsRow,
     EventRow,
+    PushRulesRow,
     ReceiptsRow,
     StateRow,
     ToDeviceRow,
@@ -28,6 +29,7 @@ _opt = st.none() | _text
 _ROW_TYPES: dict[str, Any] = {
     "account_data": AccountDataRow,
     "device_lists": DeviceListsRow,
+    "push_rules": PushRulesRow,
     "receipts": ReceiptsRow,
     "to_device": ToDeviceRow,
     "typing": TypingRow,

@@ -10,7 +10,8 @@ from roomstream.storage.migrations import load_migrations, split_statements
 
 def downgrade_txn(txn: Transaction, below: int) -> None:
     """Undo every migration from ``below`` on: drop what their scripts create and
-    forget their versions (they create tables, virtual tables and indexes, add columns)."""
+    forget their versions (they create tables, virtual tables and indexes, add and rename
+    columns)."""
     for migration in reversed(load_migrations()):
         if migration.version < below:
             continue
@@ -26,6 +27,9 @@ def downgrade_txn(txn: Transaction, below: int) -> None:
                     txn.execute(f"DROP TABLE {words[3]}")
                 elif words[:2] == ["ALTER", "TABLE"] and words[3:5] == ["ADD", "COLUMN"]:
                     txn.execute(f"ALTER TABLE {words[2]} DROP COLUMN {words[5]}")
+                elif words[:2] == ["ALTER", "TABLE"] and words[3:5] == ["RENAME", "COLUMN"]:
+                    old, new = words[5], words[7]
+                    txn.execute(f"ALTER TABLE {words[2]} RENAME COLUMN {new} TO {old}")
                 elif words[0] == "CREATE" and "INDEX" in words[:3]:
                     name = words[words.index("INDEX") + 1]
                     txn.execute(f"DROP INDEX IF EXISTS {name}")

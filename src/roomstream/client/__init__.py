@@ -16,7 +16,7 @@ for profiles (new membership events read them through the event creator's
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from roomstream.accounts import Accounts, AccountStore
@@ -51,7 +51,7 @@ from roomstream.client.profiles import ProfileFanOut, ProfileService
 from roomstream.client.push_routes import push_routes
 from roomstream.client.push_store import PushRulesStore
 from roomstream.client.pushers import PusherPool, PusherStore, parse_pusher
-from roomstream.client.pushrules import PUSH_RULES
+from roomstream.client.pushrules import PUSH_RULES, PushRuleEdit
 from roomstream.client.read_routes import read_routes
 from roomstream.client.relations_routes import relations_routes
 from roomstream.client.remote_rooms import RemoteRooms
@@ -75,6 +75,7 @@ from roomstream.config import Config, PresenceConfig
 from roomstream.e2e import E2eKeys
 from roomstream.e2e.backup import KeyBackup
 from roomstream.e2e.service import Forward
+from roomstream.errors import MatrixError
 from roomstream.media import MediaRepository, open_media
 from roomstream.reading import RoomReader
 from roomstream.replication import endpoints
@@ -203,16 +204,16 @@ class ClientProcess:
 
         user_data_writer = self.user_data_writer
 
-        async def load_push_rules(user_id: str) -> dict[str, Any] | None:
-            return await userdata.get_account_data(user_id, None, PUSH_RULES)
+        async def copy_push_rules(user_id: str, document: Mapping[str, Any]) -> None:
+            # What clients see in /sync: the rules as their m.push_rules account data.
+            await user_data_writer.put_account_data(user_id, None, PUSH_RULES, dict(document))
 
-        async def write_push_rules(user_id: str, content: Any) -> None:
-            await user_data_writer.put_account_data(user_id, None, PUSH_RULES, content)
-
-        self.push_rules = PushRulesStore(load_push_rules, write_push_rules)
-        push_rules = self.push_rules
-        user_data_writer.account_data_written.append(
-            lambda user, room, data_type: push_rules.on_account_data_rows([(user, room, data_type)])
+        #: Push rules: the push_rules stream (its writer here, or forwarded to).
+        self.push_rules = PushRulesStore(
+            engine.streams,
+            config.instance_name,
+            forward=_push_rules_forward(config, http_client),
+            copy_out=copy_push_rules,
         )
 
         def forget_ignored(
@@ -222,7 +223,6 @@ class ClientProcess:
                 self.pushers.on_new_events()
             if stream == "account_data":
                 ignored.on_account_data_rows([row for _, row in updates])
-                push_rules.on_account_data_rows([row for _, row in updates])
 
         # This process's own account-data rows (writes forwarded here included).
         self.notifier.local_row_listeners.append(forget_ignored)
@@ -250,6 +250,17 @@ class ClientProcess:
         self.presence = _presence(config, engine, http_client, send_command)
         #: Pushers; the pushers writer delivers their notifications.
         self.pushers = _pushers(config, engine, self.reader, self.push_rules)
+        remove_device_pushers = self._remove_device_pushers_call(http_client)
+
+        async def forget_device_pushers(user_id: str, device_ids: list[str]) -> None:
+            try:
+                await remove_device_pushers(user_id, device_ids)
+            except MatrixError:
+                # The logout stands (its tokens are gone); the pushers writer being out
+                # of reach leaves the pushers until deleted or rejected by the gateway.
+                logger.warning("pushers of %s's deleted devices not removed", user_id)
+
+        self.accounts.devices_deleted_listeners.append(forget_device_pushers)
         if keys.writes_device_lists or keys.forwards_writes:
             # Else (no writer to reach) the rename goes unannounced, as before; such a
             # process does not trust its keys cache anyway (see _keys_cache_live).
@@ -263,6 +274,7 @@ class ClientProcess:
             self.keys,
             self.presence.writer,
             self.pushers if self.pushers.delivers else None,
+            self.push_rules if self.push_rules.writes else None,
         )
         #: The media repository (uploads, downloads, thumbnails).
         self.media: MediaRepository = open_media(config, engine.db)
@@ -357,7 +369,8 @@ class ClientProcess:
                 self.typing_state.apply(token, str(row.room_id), list(row.user_ids))
         elif stream_name == "account_data":
             self.ignored.on_account_data_rows(rows)
-            self.push_rules.on_account_data_rows(rows)
+        elif stream_name == "push_rules":
+            self.push_rules.on_push_rules_rows(rows)
         elif stream_name == "caches" and self.token_cache is not None:
             for row in rows:
                 self.token_cache.apply_cache_row(row)
@@ -372,19 +385,44 @@ class ClientProcess:
 
     def _set_pusher_call(
         self, http_client: InternalHttpClient | None
-    ) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    ) -> Callable[[str, str | None, dict[str, Any]], Awaitable[None]]:
         pool = self.pushers
         writer = self.config.writers_of("pushers")[0]
 
-        async def set_pusher(user_id: str, body: dict[str, Any]) -> None:
+        async def set_pusher(user_id: str, device_id: str | None, body: dict[str, Any]) -> None:
             if pool.delivers or http_client is None:
-                pusher, append = parse_pusher(user_id, body)
+                pusher, append = parse_pusher(user_id, body, device_id)
                 await pool.set(pusher, append, user_id)
                 return
-            call = ep.PusherCall(user_id, body)
+            call = ep.PusherCall(user_id, body, device_id)
             await forwarded_call(writer, http_client.call(ep.PUSHER, writer, call))
 
         return set_pusher
+
+    def _remove_device_pushers_call(
+        self, http_client: InternalHttpClient | None
+    ) -> Callable[[str, list[str]], Awaitable[None]]:
+        """Deleted devices lose their pushers, on the pushers writer (here or
+        forwarded), as Synapse's ``remove_pushers_by_devices``."""
+        pool = self.pushers
+        writer = self.config.writers_of("pushers")[0]
+
+        async def remove(user_id: str, device_ids: list[str]) -> None:
+            # Read here first: most logouts have no pushers to remove, and then no
+            # writer is bothered (a pusher set meanwhile by a deleted device cannot be:
+            # its tokens are gone).
+            pushers = await pool.store.list_for_user(user_id)
+            device_ids = [d for d in device_ids if any(p.device_id == d for p in pushers)]
+            if not device_ids:
+                return
+            if pool.delivers or http_client is None:
+                await pool.remove_for_devices(user_id, device_ids)
+                return
+            for device_id in device_ids:
+                call = ep.DevicePushersCall(user_id, device_id)
+                await forwarded_call(writer, http_client.call(ep.DEVICE_PUSHERS, writer, call))
+
+        return remove
 
     async def start(self) -> None:
         """Start what runs in the background (presence: restoring states, the relay's
@@ -538,6 +576,31 @@ def build_client_api(
         stream_live=stream_live,
         remote_rooms=remote_rooms,
     )
+
+
+def _push_rules_forward(
+    config: Config, http_client: InternalHttpClient | None
+) -> Callable[[str, PushRuleEdit], Awaitable[None]] | None:
+    """How this process has the ``push_rules`` writer carry out an edit of a user's
+    rules; None when it writes them itself (it is the writer, or reaches no other)."""
+    writer = config.writers_of("push_rules")[0]
+    if writer == config.instance_name or http_client is None:
+        return None
+    client = http_client
+
+    async def forward(user_id: str, change: PushRuleEdit) -> None:
+        call = ep.PushRuleEditCall(
+            user_id,
+            change.op,
+            change.kind,
+            change.rule_id,
+            dict(change.body),
+            change.before,
+            change.after,
+        )
+        await forwarded_call(writer, client.call(ep.PUSH_RULE_EDIT, writer, call))
+
+    return forward
 
 
 def _pushers(

@@ -10,7 +10,9 @@ from typing import Any
 
 from roomstream.accounts import Accounts, Keep, Requester
 from roomstream.client.presence_service import PresenceWriter
+from roomstream.client.push_store import PushRulesStore
 from roomstream.client.pushers import PusherPool, parse_pusher
+from roomstream.client.pushrules import PushRuleEdit
 from roomstream.client.rooms import CreateRoomRequest, RoomService
 from roomstream.client.typing import TypingWriter
 from roomstream.client.userdata import UserData
@@ -38,8 +40,10 @@ class ForwardedWrites:
         keys: E2eKeys | None = None,
         presence: PresenceWriter | None = None,
         pushers: PusherPool | None = None,
+        push_rules: PushRulesStore | None = None,
     ) -> None:
         self.pushers = pushers
+        self.push_rules = push_rules
         self.keys = keys
         self.presence = presence
         self.accounts = accounts
@@ -61,13 +65,26 @@ class ForwardedWrites:
             ep.E2E_KEYS.bind(self.e2e_keys),
             ep.PRESENCE.bind(self.set_presence),
             ep.PUSHER.bind(self.set_pusher),
+            ep.PUSH_RULE_EDIT.bind(self.edit_push_rules),
+            ep.DEVICE_PUSHERS.bind(self.remove_device_pushers),
         ]
+
+    async def edit_push_rules(self, call: ep.PushRuleEditCall) -> None:
+        if self.push_rules is None:
+            raise ServiceUnavailableError("push rules are not written here", retry_after_ms=1000)
+        change = PushRuleEdit(call.op, call.kind, call.rule_id, call.body, call.before, call.after)
+        await self.push_rules.edit(call.user_id, change)
 
     async def set_pusher(self, call: ep.PusherCall) -> None:
         if self.pushers is None:
             raise ServiceUnavailableError("pushers are not served here", retry_after_ms=1000)
-        pusher, append = parse_pusher(call.user_id, call.body)
+        pusher, append = parse_pusher(call.user_id, call.body, call.device_id)
         await self.pushers.set(pusher, append, call.user_id)
+
+    async def remove_device_pushers(self, call: ep.DevicePushersCall) -> None:
+        if self.pushers is None:
+            raise ServiceUnavailableError("pushers are not served here", retry_after_ms=1000)
+        await self.pushers.remove_for_devices(call.user_id, [call.device_id])
 
     async def create_room(self, call: ep.CreateRoomCall) -> str:
         requester = Requester(call.creator, FORWARDED_DEVICE)

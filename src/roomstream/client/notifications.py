@@ -26,6 +26,7 @@ from typing import Any
 from roomstream.client.push_store import PushRulesStore
 from roomstream.client.unread import PushContext, decide, is_highlight, push_context_txn
 from roomstream.reading import RoomReader
+from roomstream.reading.relations import MAIN_TIMELINE, threads_of_txn
 from roomstream.rooms.store import load_events_txn
 from roomstream.storage import Transaction
 
@@ -44,7 +45,8 @@ class Notification:
     actions: list[Any]
     #: The event's origin_server_ts.
     ts: int
-    #: At or before the user's read receipt in the room.
+    #: At or before the user's read receipt in the room for its thread (``main`` for
+    #: an event in no thread) or their unthreaded one.
     read: bool
 
     @property
@@ -63,10 +65,25 @@ class Found:
     more: bool
 
 
-def _rooms_txn(txn: Transaction, user_id: str) -> dict[str, tuple[int, int]]:
-    """room -> (stream ordering of the user's join, of their latest read receipt)."""
-    rooms = {
-        str(room_id): (int(stream), 0)
+@dataclass(frozen=True)
+class _Room:
+    """What a scan needs of one of the user's rooms: the stream ordering of their join,
+    and of their read receipts (``m.read``, ``m.read.private``): the latest unthreaded
+    one (0: none) and the latest per thread (``main`` or a thread root)."""
+
+    joined_at: int
+    unthreaded: int
+    threads: Mapping[str, int]
+
+    def read_up_to(self, thread: str) -> int:
+        """Events of ``thread`` (``main``: in no thread) at or before this are read: the
+        later of the unthreaded receipt and the thread's own (as unread counts)."""
+        return max(self.unthreaded, self.threads.get(thread, 0))
+
+
+def _rooms_txn(txn: Transaction, user_id: str) -> dict[str, _Room]:
+    joined = {
+        str(room_id): int(stream)
         for room_id, stream in txn.query(
             "SELECT c.room_id, e.stream_ordering FROM current_state_events c"
             " JOIN events e ON e.event_id = c.event_id"
@@ -74,16 +91,26 @@ def _rooms_txn(txn: Transaction, user_id: str) -> dict[str, tuple[int, int]]:
             (user_id,),
         )
     }
-    for room_id, stream in txn.query(
-        "SELECT r.room_id, MAX(e.stream_ordering) FROM receipts r"
+    unthreaded: dict[str, int] = {}
+    threads: dict[str, dict[str, int]] = {}
+    for room_id, thread_id, stream in txn.query(
+        "SELECT r.room_id, r.thread_id, MAX(e.stream_ordering) FROM receipts r"
         " JOIN events e ON e.event_id = r.event_id"
         " WHERE r.user_id = ? AND r.receipt_type IN ('m.read', 'm.read.private')"
-        " GROUP BY r.room_id",
+        " GROUP BY r.room_id, r.thread_id",
         (user_id,),
     ):
-        if str(room_id) in rooms and stream is not None:
-            rooms[str(room_id)] = (rooms[str(room_id)][0], int(stream))
-    return rooms
+        room = str(room_id)
+        if room not in joined or stream is None:
+            continue
+        if thread_id:
+            threads.setdefault(room, {})[str(thread_id)] = int(stream)
+        else:
+            unthreaded[room] = max(unthreaded.get(room, 0), int(stream))
+    return {
+        room: _Room(joined_at, unthreaded.get(room, 0), threads.get(room, {}))
+        for room, joined_at in joined.items()
+    }
 
 
 def notifying_events_txn(
@@ -128,12 +155,14 @@ def notifying_events_txn(
         if not rows:
             return Found(found, scanned_to, False)
         events = load_events_txn(txn, [str(r[0]) for r in rows])
+        #: (room, event, stream ordering, actions, origin_server_ts), in scan order.
+        notifying: list[tuple[str, str, int, list[Any], int]] = []
         for event_id, room_id, stream in rows:
             scanned += 1
             position = scanned_to = int(stream)
-            joined_at, read_at = rooms[str(room_id)]
+            room = rooms[str(room_id)]
             event = events.get(str(event_id))
-            if event is None or int(stream) <= joined_at:
+            if event is None or int(stream) <= room.joined_at:
                 continue
             ctx = contexts.get(str(room_id))
             if ctx is None:
@@ -141,19 +170,18 @@ def notifying_events_txn(
             actions = decide(rules, event.data, ctx)
             if actions is None or "notify" not in actions:
                 continue
-            notification = Notification(
-                str(room_id),
-                str(event_id),
-                int(stream),
-                actions,
-                int(event.data.get("origin_server_ts", 0)),
-                int(stream) <= read_at,
-            )
-            if only_highlight and not notification.highlight:
+            if only_highlight and not is_highlight(actions):
                 continue
-            found.append(notification)
-            if len(found) >= limit:
+            ts = int(event.data.get("origin_server_ts", 0))
+            notifying.append((str(room_id), str(event_id), int(stream), actions, ts))
+            if len(found) + len(notifying) >= limit:
                 break
+        # Whether each is read depends on its thread: one lookup for the batch.
+        thread_of = threads_of_txn(txn, [n[1] for n in notifying])
+        for room_id, event_id, stream, actions, ts in notifying:
+            thread = thread_of.get(event_id, MAIN_TIMELINE)
+            read = stream <= rooms[room_id].read_up_to(thread)
+            found.append(Notification(room_id, event_id, stream, actions, ts, read))
         if len(rows) < _BATCH and len(found) < limit:
             return Found(found, scanned_to, False)
     return Found(found, scanned_to, True)

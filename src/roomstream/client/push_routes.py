@@ -11,14 +11,7 @@ from roomstream.accounts import Accounts
 from roomstream.client.notifications import Notifications
 from roomstream.client.push_store import PushRulesStore
 from roomstream.client.pushers import PusherStore, parse_pusher
-from roomstream.client.pushrules import (
-    check_kind,
-    delete_rule,
-    find_rule,
-    put_rule,
-    set_actions,
-    set_enabled,
-)
+from roomstream.client.pushrules import PushRuleEdit, check_kind, find_rule
 from roomstream.client.request import json_response, read_json
 from roomstream.client.server import Route, authenticate
 from roomstream.errors import InvalidParamError, UnrecognizedRequestError
@@ -26,8 +19,9 @@ from roomstream.errors import InvalidParamError, UnrecognizedRequestError
 __all__ = ["push_routes"]
 
 ATTRIBUTES = ("enabled", "actions")
-#: Carries out ``/pushers/set`` (user, body) on the pushers writer, here or forwarded.
-SetPusher = Callable[[str, dict[str, Any]], Awaitable[None]]
+#: Carries out ``/pushers/set`` (user, device, body) on the pushers writer, here or
+#: forwarded.
+SetPusher = Callable[[str, str | None, dict[str, Any]], Awaitable[None]]
 #: ``/notifications`` page size: Synapse's default, and our most.
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
@@ -65,7 +59,7 @@ def push_routes(
         requester = await authenticate(accounts, request)
         body = await read_json(request)
         parse_pusher(requester.user_id, body)  # bad input is refused here, not forwarded
-        await set_pusher(requester.user_id, body)
+        await set_pusher(requester.user_id, requester.device_id, body)
         return json_response({})
 
     async def get_notifications(request: web.Request) -> web.Response:
@@ -113,21 +107,13 @@ def push_routes(
         body = await read_json(request)
         attr = request.match_info.get("attr")
         if attr is not None:
-            value: Any = body.get(_attribute(request))
-            if attr == "enabled":
-                await push_rules.edit(
-                    requester.user_id, lambda doc: set_enabled(doc, kind, rule_id, value)
-                )
-            else:
-                await push_rules.edit(
-                    requester.user_id, lambda doc: set_actions(doc, kind, rule_id, value)
-                )
-            return json_response({})
-        before = request.query.get("before")
-        after = request.query.get("after")
-        await push_rules.edit(
-            requester.user_id, lambda doc: put_rule(doc, kind, rule_id, body, before, after)
-        )
+            attribute = _attribute(request)
+            change = PushRuleEdit(attribute, kind, rule_id, {attribute: body.get(attribute)})
+        else:
+            before = request.query.get("before")
+            after = request.query.get("after")
+            change = PushRuleEdit("put", kind, rule_id, body, before, after)
+        await push_rules.edit(requester.user_id, change)
         return json_response({})
 
     async def delete(request: web.Request) -> web.Response:
@@ -135,7 +121,7 @@ def push_routes(
         scope, kind = request.match_info["scope"], request.match_info["kind"]
         rule_id = request.match_info["rule_id"]
         check_kind(scope, kind)
-        await push_rules.edit(requester.user_id, lambda doc: delete_rule(doc, kind, rule_id))
+        await push_rules.edit(requester.user_id, PushRuleEdit("delete", kind, rule_id))
         return json_response({})
 
     base = "/pushrules/{scope}/{kind}/{rule_id}"

@@ -75,6 +75,11 @@ class PusherConfig:
     profile_tag: str | None
     lang: str
     data: dict[str, Any]
+    #: The device that set it (None: unknown, set before devices were recorded); the
+    #: pusher goes when the device is deleted (logged out).
+    device_id: str | None = None
+    #: When it was last set (ms since the epoch); 0 for one not stored yet.
+    pushkey_ts: int = 0
 
     def to_json(self) -> dict[str, Any]:
         body = {f: getattr(self, f) for f in _FIELDS}
@@ -96,9 +101,11 @@ def _string(body: Mapping[str, Any], name: str) -> str:
     return value
 
 
-def parse_pusher(user_id: str, body: Mapping[str, Any]) -> tuple[PusherConfig | None, bool]:
-    """A ``POST /pushers/set`` body: the pusher to set (None: delete the one with
-    ``app_id`` and ``pushkey``, ``kind`` null) and ``append``."""
+def parse_pusher(
+    user_id: str, body: Mapping[str, Any], device_id: str | None = None
+) -> tuple[PusherConfig | None, bool]:
+    """A ``POST /pushers/set`` body from ``device_id``: the pusher to set (``kind`` ""
+    with ``kind`` null: delete the one with ``app_id`` and ``pushkey``) and ``append``."""
     app_id, pushkey = _string(body, "app_id"), _string(body, "pushkey")
     if not app_id or len(app_id) > MAX_APP_ID_LENGTH:
         raise InvalidParamError(f"app_id must be 1-{MAX_APP_ID_LENGTH} characters")
@@ -136,17 +143,20 @@ def parse_pusher(user_id: str, body: Mapping[str, Any]) -> tuple[PusherConfig | 
         profile_tag,
         _string(body, "lang"),
         data,
+        device_id,
     )
     return pusher, append
 
 
 _COLUMNS = (
-    "user_id, app_id, pushkey, kind, app_display_name, device_display_name, profile_tag, lang, data"
+    "user_id, app_id, pushkey, kind, app_display_name, device_display_name, profile_tag, lang,"
+    " data, device_id, pushkey_ts"
 )
 
 
 def _from_row(row: Sequence[Any]) -> PusherConfig:
     user_id, app_id, pushkey, kind, app_name, device_name, tag, lang, data = row[:9]
+    device_id, pushkey_ts = row[9:11]
     return PusherConfig(
         str(user_id),
         str(app_id),
@@ -157,6 +167,8 @@ def _from_row(row: Sequence[Any]) -> PusherConfig:
         None if tag is None else str(tag),
         str(lang),
         orjson.loads(data),
+        None if device_id is None else str(device_id),
+        int(pushkey_ts),
     )
 
 
@@ -195,19 +207,23 @@ class PusherStore:
             ),
         )
         return [
-            _State(_from_row(r), int(r[9]), None if r[10] is None else int(r[10])) for r in rows
+            _State(_from_row(r), int(r[11]), None if r[12] is None else int(r[12])) for r in rows
         ]
 
     async def set(
         self, pusher: PusherConfig, append: bool, position: int
-    ) -> tuple[list[PusherConfig], list[PusherConfig]]:
-        """Add or replace ``pusher`` (a new one delivers events above ``position``);
-        without ``append``, the other users' pushers of its app_id and pushkey go. Returns
-        (set, removed)."""
+    ) -> tuple[PusherConfig, list[PusherConfig]]:
+        """Add or replace ``pusher`` (a new one delivers events above ``position``),
+        stamped with the time now; without ``append``, the other users' pushers of its
+        app_id and pushkey go. A replaced pusher keeps the device it had, as Synapse's
+        (one device may change another's pusher). Returns (the pusher as stored,
+        removed)."""
         generator = self.streams.generator("pushers")
         instance = self.instance_name
 
-        def txn(t: Transaction, ids: list[int]) -> list[PusherConfig]:
+        now = int(time.time() * 1000)
+
+        def txn(t: Transaction, ids: list[int]) -> tuple[PusherConfig, list[PusherConfig]]:
             removed = []
             if not append:
                 removed = [
@@ -222,13 +238,16 @@ class PusherStore:
                     _delete_txn(t, ids[0], instance, gone)
             t.execute(
                 "INSERT INTO pushers (stream_id, instance_name, user_id, app_id, pushkey, kind,"
-                " app_display_name, device_display_name, profile_tag, lang, data, created_ts,"
-                " last_stream_ordering) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " app_display_name, device_display_name, profile_tag, lang, data, pushkey_ts,"
+                " last_stream_ordering, device_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (app_id, pushkey, user_id) DO UPDATE SET"
                 " stream_id = excluded.stream_id, instance_name = excluded.instance_name,"
                 " kind = excluded.kind, app_display_name = excluded.app_display_name,"
                 " device_display_name = excluded.device_display_name,"
-                " profile_tag = excluded.profile_tag, lang = excluded.lang, data = excluded.data",
+                " profile_tag = excluded.profile_tag, lang = excluded.lang, data = excluded.data,"
+                " pushkey_ts = excluded.pushkey_ts,"
+                " device_id = COALESCE(pushers.device_id, excluded.device_id)",
                 (
                     ids[0],
                     instance,
@@ -241,14 +260,20 @@ class PusherStore:
                     pusher.profile_tag,
                     pusher.lang,
                     orjson.dumps(pusher.data).decode(),
-                    int(time.time() * 1000),
+                    now,
                     position,
+                    pusher.device_id,
                 ),
             )
-            return removed
+            row = t.query_one(
+                f"SELECT {_COLUMNS} FROM pushers WHERE app_id = ? AND pushkey = ? AND user_id = ?",
+                (pusher.app_id, pusher.pushkey, pusher.user_id),
+            )
+            assert row is not None  # just written
+            return _from_row(row), removed
 
-        _, removed = await generator.run_with_ids("set_pusher", 1, txn)
-        return [pusher], removed
+        _, (stored, removed) = await generator.run_with_ids("set_pusher", 1, txn)
+        return stored, removed
 
     async def delete(self, user_id: str, app_id: str, pushkey: str) -> bool:
         generator = self.streams.generator("pushers")
@@ -267,6 +292,33 @@ class PusherStore:
 
         _, deleted = await generator.run_with_ids("delete_pusher", 1, txn)
         return bool(deleted)
+
+    async def delete_for_devices(
+        self, user_id: str, device_ids: Sequence[str]
+    ) -> list[PusherConfig]:
+        """Delete the user's pushers set by any of ``device_ids`` (deleted devices);
+        returns them."""
+        generator = self.streams.generator("pushers")
+        instance = self.instance_name
+        devices = list(device_ids)
+
+        def txn(t: Transaction, ids: list[int]) -> list[PusherConfig]:
+            gone = [
+                _from_row(r)
+                for r in t.query(
+                    f"SELECT {_COLUMNS} FROM pushers WHERE user_id = ?"
+                    f" AND device_id IN ({','.join('?' * len(devices))})",
+                    (user_id, *devices),
+                )
+            ]
+            for pusher in gone:
+                _delete_txn(t, ids[0], instance, pusher)
+            return gone
+
+        if not devices:
+            return []
+        _, gone = await generator.run_with_ids("delete_device_pushers", 1, txn)
+        return gone
 
     async def advance(
         self, pusher: PusherConfig, position: int, success: bool, failing_since: int | None
@@ -469,13 +521,19 @@ class PusherPool:
                 self._stop(self._key(pusher))
             return
         position = self.events_position()
-        _, removed = await self.store.set(pusher, append, position)
+        stored, removed = await self.store.set(pusher, append, position)
         for gone in removed:
             self._stop(self._key(gone))
         if self._started:
-            current = self._pushers.get(self._key(pusher))
+            current = self._pushers.get(self._key(stored))
             kept = position if current is None else current.position
-            self._add(_State(pusher, kept, None))
+            self._add(_State(stored, kept, None))
+
+    async def remove_for_devices(self, user_id: str, device_ids: Sequence[str]) -> None:
+        """The devices were deleted (logged out): their pushers go, here (the writer)."""
+        for gone in await self.store.delete_for_devices(user_id, device_ids):
+            logger.info("pusher %s of %s removed with its device", gone.app_id, user_id)
+            self._stop(self._key(gone))
 
     def _stop(self, key: tuple[str, str, str]) -> None:
         old = self._pushers.pop(key, None)
@@ -522,7 +580,8 @@ class PusherPool:
         device = {
             "app_id": config.app_id,
             "pushkey": config.pushkey,
-            "pushkey_ts": 0,
+            # Seconds, as the spec says and Synapse sends.
+            "pushkey_ts": config.pushkey_ts // 1000,
             "data": data,
             "tweaks": tweaks,
         }

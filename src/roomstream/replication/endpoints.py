@@ -63,6 +63,7 @@ __all__ = [
     "CLIENT_WRITES",
     "CREATE_NAMED_ROOM",
     "CREATE_ROOM",
+    "DEVICE_PUSHERS",
     "E2E_KEYS",
     "END_SESSIONS",
     "HEALTH",
@@ -73,6 +74,8 @@ __all__ = [
     "PRESENCE",
     "PRESENCE_STATES",
     "PUSHER",
+    "PUSH_RULE_EDIT",
+    "PUSH_RULE_OPS",
     "RECEIPT",
     "SEND",
     "SEND_EVENT",
@@ -85,12 +88,14 @@ __all__ = [
     "BoundEndpoint",
     "CreateNamedRoomCall",
     "CreateRoomCall",
+    "DevicePushersCall",
     "E2eKeysCall",
     "EndSessionsCall",
     "HealthCall",
     "Id",
     "InternalEndpoint",
     "PresenceCall",
+    "PushRuleEditCall",
     "PusherCall",
     "ReceiptCall",
     "SendCall",
@@ -564,14 +569,57 @@ PRESENCE = InternalEndpoint[PresenceCall, None]("presence", "presence", Presence
 
 @dataclass(frozen=True)
 class PusherCall:
-    """``POST /pushers/set`` for the pushers writer: the user and the request's body
-    (validated again there)."""
+    """``POST /pushers/set`` for the pushers writer: the user, the request's body
+    (validated again there) and the requester's device (absent from earlier releases:
+    the pusher has no device)."""
 
     user_id: UserId
     body: dict[str, Any]
+    device_id: Annotated[str | None, OMIT_NONE, Id()] = None
 
 
 PUSHER = InternalEndpoint[PusherCall, None]("pusher", "pushers", PusherCall)
+
+
+@dataclass(frozen=True)
+class DevicePushersCall:
+    """A device of the user was deleted (logged out): the pushers writer removes the
+    pushers it set."""
+
+    user_id: UserId
+    device_id: Identifier
+
+
+DEVICE_PUSHERS = InternalEndpoint[DevicePushersCall, None](
+    "device_pushers_removed", "pushers", DevicePushersCall
+)
+
+#: Edits of a user's push rules (roomstream.client.pushrules.PushRuleEdit.op).
+PUSH_RULE_OPS = ("put", "delete", "enabled", "actions")
+
+
+@dataclass(frozen=True)
+class PushRuleEditCall:
+    """An edit of a user's push rules for the ``push_rules`` writer: ``op`` on rule
+    ``rule_id`` of ``kind`` with the request's body (``{}`` for a deletion), placed by
+    ``before``/``after`` (a new or replaced rule); the rule itself is checked there."""
+
+    user_id: UserId
+    op: Identifier
+    kind: Identifier
+    rule_id: str
+    body: dict[str, Any]
+    before: Annotated[str | None, OMIT_NONE] = None
+    after: Annotated[str | None, OMIT_NONE] = None
+
+    def __post_init__(self) -> None:
+        if self.op not in PUSH_RULE_OPS:
+            raise InvalidParamError(f"op: {'|'.join(PUSH_RULE_OPS)}")
+
+
+PUSH_RULE_EDIT = InternalEndpoint[PushRuleEditCall, None](
+    "push_rule_edit", "push_rules", PushRuleEditCall
+)
 
 #: Every forwarded Client-Server API write; the internal server registers each.
 CLIENT_WRITES: tuple[InternalEndpoint[Any, Any], ...] = (
@@ -585,6 +633,8 @@ CLIENT_WRITES: tuple[InternalEndpoint[Any, Any], ...] = (
     E2E_KEYS,
     PRESENCE,
     PUSHER,
+    PUSH_RULE_EDIT,
+    DEVICE_PUSHERS,
 )
 
 

@@ -94,6 +94,8 @@ TABLE_OWNERS: Mapping[str, str] = {
     # Pushers: the pushers stream's writer, which also delivers.
     "pushers": "roomstream.client.pushers",
     "deleted_pushers": "roomstream.client.pushers",
+    # Push rules: the push_rules stream's one writer.
+    "push_rules": "roomstream.client.push_store",
     # The media repository.
     "media": "roomstream.media.metadata",
     "media_thumbnails": "roomstream.media.metadata",

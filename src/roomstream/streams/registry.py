@@ -251,6 +251,17 @@ PUSHERS = StreamDefinition(
     ),
 )
 
+PUSH_RULES = StreamDefinition(
+    name="push_rules",
+    row_fields=("user_id",),
+    sequence="push_rules_stream_sequence",
+    description=(
+        "Users whose push rules changed (Synapse's push_rules stream): every process "
+        "forgets its cached rules of that user (roomstream.client.push_store)."
+    ),
+    tables=(StreamTable(StreamTableRef("push_rules"), ("user_id",), tuple),),
+)
+
 STREAMS: dict[str, StreamDefinition] = {
     s.name: s
     for s in (
@@ -264,6 +275,7 @@ STREAMS: dict[str, StreamDefinition] = {
         TYPING,
         PRESENCE,
         PUSHERS,
+        PUSH_RULES,
     )
 }
 

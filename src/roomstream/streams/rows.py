@@ -19,6 +19,7 @@ __all__ = [
     "EventRow",
     "EventsRow",
     "PresenceRow",
+    "PushRulesRow",
     "ReceiptsRow",
     "StateRow",
     "ToDeviceRow",
@@ -146,6 +147,19 @@ class DeviceListsRow(NamedTuple):
 
     @classmethod
     def from_wire(cls, row: Sequence[Any]) -> DeviceListsRow:
+        return cls._make(row)
+
+    def to_wire(self) -> tuple[Any, ...]:
+        return tuple(self)
+
+
+class PushRulesRow(NamedTuple):
+    """A ``push_rules`` row: a user whose push rules changed."""
+
+    user_id: str
+
+    @classmethod
+    def from_wire(cls, row: Sequence[Any]) -> PushRulesRow:
         return cls._make(row)
 
     def to_wire(self) -> tuple[Any, ...]:
