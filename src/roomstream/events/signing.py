@@ -230,30 +230,36 @@ def required_signers(event_dict: Mapping[str, Any]) -> set[str]:
 
 def check_event_signatures(event: Event, verify_keys: VerifyKeys) -> None:
     """Raise :class:`EventSignatureError` unless every server of :func:`required_signers`
-    signed ``event`` with a key in ``verify_keys``.
-
-    One valid signature per server is enough (a server may sign with several keys, of
-    which the receiver knows some). Works on a redacted copy too: signatures cover the
-    redacted form. The message names the server, the key IDs it signed with and the keys
-    known for it, so an operator can tell a missing key from a bad signature.
-    """
+    signed ``event`` with a key in ``verify_keys`` (:func:`check_signed_by` each)."""
     for server in sorted(required_signers(event.data)):
-        signatures = event.data.get("signatures")
-        by_server = signatures.get(server) if isinstance(signatures, Mapping) else None
-        signed_with = sorted(by_server) if isinstance(by_server, Mapping) else []
-        known = verify_keys.get(server, {})
-        usable = [known[k] for k in signed_with if k in known]
-        if not usable:
-            raise EventSignatureError(
-                f"{event.event_id} is not signed by {server} with a known key "
-                f"(signed with: {', '.join(signed_with) or 'nothing'}; "
-                f"keys known for {server}: {', '.join(sorted(known)) or 'none'})"
-            )
-        if not any(
-            verify_event_signature(event.data, server, key, room_version=event.room_version)
-            for key in usable
-        ):
-            raise EventSignatureError(
-                f"{event.event_id}: the signature of {server} "
-                f"({', '.join(key_id(k) for k in usable)}) does not verify"
-            )
+        check_signed_by(event, server, verify_keys)
+
+
+def check_signed_by(event: Event, server: str, verify_keys: VerifyKeys) -> None:
+    """Raise :class:`EventSignatureError` unless ``server`` signed ``event`` with a key in
+    ``verify_keys``.
+
+    One valid signature is enough (a server may sign with several keys, of which the
+    receiver knows some). Works on a redacted copy too: signatures cover the redacted
+    form. The message names the server, the key IDs it signed with and the keys known
+    for it, so an operator can tell a missing key from a bad signature.
+    """
+    signatures = event.data.get("signatures")
+    by_server = signatures.get(server) if isinstance(signatures, Mapping) else None
+    signed_with = sorted(by_server) if isinstance(by_server, Mapping) else []
+    known = verify_keys.get(server, {})
+    usable = [known[k] for k in signed_with if k in known]
+    if not usable:
+        raise EventSignatureError(
+            f"{event.event_id} is not signed by {server} with a known key "
+            f"(signed with: {', '.join(signed_with) or 'nothing'}; "
+            f"keys known for {server}: {', '.join(sorted(known)) or 'none'})"
+        )
+    if not any(
+        verify_event_signature(event.data, server, key, room_version=event.room_version)
+        for key in usable
+    ):
+        raise EventSignatureError(
+            f"{event.event_id}: the signature of {server} "
+            f"({', '.join(key_id(k) for k in usable)}) does not verify"
+        )

@@ -27,6 +27,7 @@ from signedjson.types import SigningKey
 
 from roomstream.errors import (
     BadEventError,
+    EventSignatureError,
     ForbiddenError,
     MatrixError,
     NotFoundError,
@@ -35,7 +36,6 @@ from roomstream.errors import (
 from roomstream.events.format import build_event_dict, finalise_local_event, parse_pdu
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, room_version
-from roomstream.events.signing import verify_event_signature
 from roomstream.events.types import EventTypes
 from roomstream.grammar import is_room_id_to_look_up, is_server_name
 from roomstream.rooms.engine import RoomEngine
@@ -148,12 +148,12 @@ class RemoteRoomsClient:
         returned = parse_pdu(orjson.dumps(signed), event.room_version)
         if returned.event_id != event.event_id:
             raise RemoteServerError(f"{server} answered the invite with another event")
-        keys = (await self.engine.keys.verify_keys({server})).get(server, {})
-        if not any(
-            verify_event_signature(returned.data, server, key, room_version=event.room_version)
-            for key in keys.values()
-        ):
-            raise RemoteServerError(f"{server} did not sign the invite of its user")
+        try:
+            await self.engine.check_signatures([returned], also={returned.event_id: server})
+        except EventSignatureError as exc:
+            raise RemoteServerError(
+                f"{server} did not sign the invite of its user: {exc}"
+            ) from None
         return returned
 
     async def leave(

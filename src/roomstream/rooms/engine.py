@@ -22,12 +22,13 @@ from roomstream.events.model import Event
 from roomstream.events.room_versions import RoomVersion, room_version
 from roomstream.events.signing import (
     check_event_signatures,
+    check_signed_by,
     load_or_create_signing_key,
     required_signers,
 )
 from roomstream.events.types import EventTypes
 from roomstream.rooms.creation import LocalEventCreator
-from roomstream.rooms.keys import ServerKeyStore, local_key_map
+from roomstream.rooms.keys import KeyNeed, ServerKeyStore, keys_valid_at, local_key_map
 from roomstream.rooms.participants import PersistParticipant
 from roomstream.rooms.persist import EventPersister, PersistedEvent
 from roomstream.rooms.store import EventStore
@@ -158,10 +159,7 @@ class RoomEngine:
             if redacted:
                 mismatched.add(event.event_id)
         if not trust_unsigned:
-            servers = {s for e in events for s in required_signers(e.data)}
-            known = await self.keys.verify_keys(servers)
-            for event in events:
-                check_event_signatures(event, known)
+            await self.check_signatures(events)
         for event_id in sorted(mismatched):
             logger.warning("content hash of %s does not match: using its redacted form", event_id)
         results = await self.persister.persist_events(
@@ -183,10 +181,26 @@ class RoomEngine:
         outlier that becomes the user's current membership in a room not held here
         (``EventPersister.persist_events``'s ``out_of_band``)."""
         event, _ = _parse(raw, version)
-        servers = required_signers(event.data)
-        check_event_signatures(event, await self.keys.verify_keys(servers))
+        await self.check_signatures([event])
         [result] = await self.persister.persist_events([event], out_of_band=True)
         return result
+
+    async def check_signatures(
+        self, events: Sequence[Event], also: Mapping[str, str] | None = None
+    ) -> None:
+        """Raise ``EventSignatureError`` unless every server that must sign each event
+        (and, for an event ID in ``also``, that server too) did, with a key valid at the
+        event's ``origin_server_ts``; keys the store lacks are fetched through its
+        fetcher, once for all of them."""
+        also = also or {}
+        needs = [need for event in events for need in _key_needs(event, also.get(event.event_id))]
+        known = await self.keys.verify_keys_at(needs)
+        for event in events:
+            valid = keys_valid_at(known, _signed_at(event))
+            check_event_signatures(event, valid)
+            extra = also.get(event.event_id)
+            if extra is not None:
+                check_signed_by(event, extra, valid)
 
     async def _stored_or_new_version(
         self, data: dict[str, object], new_rooms: dict[str, RoomVersion]
@@ -206,6 +220,29 @@ class RoomEngine:
         if data.get("type") == EventTypes.CREATE:
             return _create_version(data)
         return await self._stored_or_new_version(data, {})
+
+
+def _signed_at(event: Event) -> int:
+    """When the event says it was signed (its ``origin_server_ts``; 0 if it says not)."""
+    ts = event.data.get("origin_server_ts")
+    return ts if isinstance(ts, int) and not isinstance(ts, bool) else 0
+
+
+def _key_needs(event: Event, extra_signer: str | None = None) -> list[KeyNeed]:
+    """The keys that may verify ``event``'s required signatures (every key ID each
+    required server signed with, valid at the event's time)."""
+    signatures = event.data.get("signatures")
+    signatures = signatures if isinstance(signatures, dict) else {}
+    signers = required_signers(event.data)
+    if extra_signer is not None:
+        signers = signers | {extra_signer}
+    needs = []
+    for server in sorted(signers):
+        by_server = signatures.get(server)
+        for kid in sorted(by_server) if isinstance(by_server, dict) else ():
+            if isinstance(kid, str):
+                needs.append(KeyNeed(server, kid, _signed_at(event)))
+    return needs
 
 
 def _decode(raw: bytes) -> dict[str, object]:
