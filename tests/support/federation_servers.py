@@ -86,13 +86,16 @@ class FederatedServer:
     extra: dict[str, Any] = field(default_factory=dict)
     federation_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
+    #: The host part of the server name (``127.0.0.1`` for peers that should not resolve
+    #: ``localhost``, which may mean ``::1`` first).
+    host: str = "localhost"
     process: ServerProcess | None = None
     txn: int = 0
     _session: aiohttp.ClientSession | None = None
 
     @property
     def server_name(self) -> str:
-        return f"localhost:{self.federation_port}"
+        return f"{self.host}:{self.federation_port}"
 
     @property
     def url(self) -> str:
