@@ -9,6 +9,7 @@ after its restart has everything, once.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,45 @@ async def _read_by(account: Account, room: str, event_id: str, user_id: str) -> 
         ):
             return True
     return False
+
+
+async def test_concurrent_state_changes_resolve_alike_on_both_servers(
+    servers: tuple[FederatedServer, FederatedServer],
+) -> None:
+    """Both sides change the same state at once, several times: the DAG forks, each
+    server resolves the forks (state resolution v2.1), and both end with one state."""
+    a, b = servers
+    details = _details(a, b)
+    alice = await a.register("alice")
+    bob = await b.register("bob")
+    room = (await alice.ok("POST", "/createRoom", {"preset": "public_chat"}))["room_id"]
+    # Bob may change the topic too.
+    await bob.ok("POST", f"/join/{q(room)}?via={q(a.server_name)}", {})
+    levels = await alice.ok("GET", f"/rooms/{q(room)}/state/m.room.power_levels/")
+    levels["users"][bob.user_id] = 50
+    await alice.ok("PUT", f"/rooms/{q(room)}/state/m.room.power_levels/", levels)
+    await wait_for(
+        lambda: _level_of(bob, room, bob.user_id, 50), 60, "bob's level on B", details=details
+    )
+    for i in range(4):
+        await asyncio.gather(
+            alice.ok("PUT", f"/rooms/{q(room)}/state/m.room.topic/", {"topic": f"A{i}"}),
+            bob.ok("PUT", f"/rooms/{q(room)}/state/m.room.topic/", {"topic": f"B{i}"}),
+        )
+    await alice.send(room, "settle a")
+    await bob.send(room, "settle b")
+
+    async def agree() -> bool:
+        bodies_a, bodies_b = await alice.bodies(room), await bob.bodies(room)
+        if not {"settle a", "settle b"} <= set(bodies_a) & set(bodies_b):
+            return False
+        return await alice.state(room) == await bob.state(room)
+
+    await wait_for(agree, 90, "one state on both servers", details=details)
+    topic = await alice.ok("GET", f"/rooms/{q(room)}/state/m.room.topic/")
+    assert topic["topic"] in {f"A{i}" for i in range(4)} | {f"B{i}" for i in range(4)}
+
+
+async def _level_of(account: Account, room: str, user_id: str, level: int) -> bool:
+    status, levels = await account.call("GET", f"/rooms/{q(room)}/state/m.room.power_levels/")
+    return status == 200 and levels.get("users", {}).get(user_id) == level
