@@ -73,6 +73,25 @@ async def test_a_send_costs_one_write(homeserver: Homeserver) -> None:
     assert calls == []
 
 
+async def test_a_busy_devices_send_does_not_reload_its_transactions(
+    homeserver: Homeserver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the transactions kept in memory, each send looks up its own transaction ID
+    once: it does not read the device's transactions again (which cost every send of a
+    bot with 10,000 messages in a room 10,001 rows)."""
+    monkeypatch.setattr(client_rooms, "DEVICE_TRANSACTIONS_KEPT", 2)
+    alice = await homeserver.register("alice")
+    room = await homeserver.ok("POST", "/createRoom", {}, token=alice.token)
+    path = f"/rooms/{room['room_id']}/send/m.room.message/"
+    for i in range(4):
+        await homeserver.ok("PUT", path + f"t{i}", {"body": str(i)}, token=alice.token)
+    with counted_round_trips(homeserver.engine.db) as calls:
+        sent = await homeserver.ok("PUT", path + "t9", {"body": "9"}, token=alice.token)
+        again = await homeserver.ok("PUT", path + "t9", {"body": "x"}, token=alice.token)
+    assert again == sent
+    assert calls == ["event_for_transaction", "persist_events", "event_for_transaction"], calls
+
+
 async def test_concurrent_retries_give_one_event(homeserver: Homeserver) -> None:
     alice = await homeserver.register("alice")
     room_id = (await homeserver.ok("POST", "/createRoom", {}, token=alice.token))["room_id"]

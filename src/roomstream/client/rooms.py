@@ -53,6 +53,9 @@ MEMBERSHIP_ACTIONS = ("invite", "kick", "ban", "unban")
 #: Transaction IDs kept in memory per (room, user, device) (the sets: the
 #: ``device_transactions`` cache).
 DEVICE_TRANSACTIONS_KEPT = 10_000
+#: Cached for a device whose transactions in a room are more than that (never mutated:
+#: told apart by identity).
+_TOO_MANY_TO_KEEP: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -566,7 +569,7 @@ class RoomService:
             if known is not None:
                 known[txn_id] = event_id
                 if len(known) > DEVICE_TRANSACTIONS_KEPT:
-                    self._device_transactions.pop(device_key, None)
+                    self._device_transactions.set(device_key, _TOO_MANY_TO_KEEP)
             return event_id
 
     async def _transactions_of(self, device_key: tuple[str, str, str]) -> dict[str, str] | None:
@@ -580,10 +583,11 @@ class RoomService:
         """
         known = self._device_transactions.get(device_key)
         if known is not None:
-            return known
+            return None if known is _TOO_MANY_TO_KEEP else known
         known = await self.reader.transactions_of_device(*device_key, DEVICE_TRANSACTIONS_KEPT)
-        if known is not None:
-            self._device_transactions.set(device_key, known)
+        # Too many is remembered too: loading (and dropping) up to the limit's worth of
+        # rows on every send of a busy device would make each send cost O(limit).
+        self._device_transactions.set(device_key, _TOO_MANY_TO_KEEP if known is None else known)
         return known
 
     async def set_state(
