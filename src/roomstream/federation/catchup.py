@@ -14,7 +14,7 @@ is forgotten.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from roomstream.federation.destination_queue import RetryState
@@ -150,9 +150,15 @@ class FederationSenderStore:
 
         await self.db.run_interaction("federation_sender_set_retry", txn)
 
-    async def record_success(self, destination: str, last_successful: int | None) -> None:
+    async def record_success(
+        self,
+        destination: str,
+        last_successful: int | None,
+        to_device_upto: int | None = None,
+    ) -> None:
         """A transaction was accepted: clear the back-off and store the newest stream
-        ordering the destination has (never moving it back)."""
+        ordering the destination has and how far it has its to-device messages (neither
+        ever moving back)."""
 
         def txn(t: Transaction) -> None:
             _ensure_destination(t, destination)
@@ -168,8 +174,46 @@ class FederationSenderStore:
                     " OR last_successful_stream_ordering < ?)",
                     (last_successful, destination, last_successful),
                 )
+            if to_device_upto is not None:
+                _advance_to_device_txn(t, destination, to_device_upto)
 
         await self.db.run_interaction("federation_sender_record_success", txn)
+
+    # -- to-device messages ------------------------------------------------------------------
+
+    async def note_to_device(self, first_ids: Mapping[str, int]) -> None:
+        """Before queueing a destination's first to-device messages: it has everything
+        below ``first_ids[destination]`` (a destination that already has a record keeps
+        it)."""
+
+        def txn(t: Transaction) -> None:
+            for destination, first in sorted(first_ids.items()):
+                _ensure_destination(t, destination)
+                t.execute(
+                    "UPDATE destinations SET last_to_device_stream_id = ?"
+                    " WHERE destination = ? AND last_to_device_stream_id IS NULL",
+                    (first - 1, destination),
+                )
+
+        await self.db.run_interaction("federation_sender_note_to_device", txn)
+
+    async def get_unsent_to_device(self, upto: int) -> list[tuple[str, int, str]]:
+        """``(destination, stream_id, messages_json)`` of the outbox up to ``upto`` that
+        the destinations have not accepted yet, ascending."""
+
+        def txn(t: Transaction) -> list[tuple[str, int, str]]:
+            rows = t.query(
+                "SELECT o.destination, o.stream_id, o.messages_json"
+                " FROM device_federation_outbox AS o"
+                " JOIN destinations AS d ON d.destination = o.destination"
+                " WHERE d.last_to_device_stream_id IS NOT NULL"
+                " AND o.stream_id > d.last_to_device_stream_id AND o.stream_id <= ?"
+                " ORDER BY o.stream_id",
+                (upto,),
+            )
+            return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+        return await self.db.run_interaction("federation_sender_unsent_to_device", txn)
 
     # -- catch-up --------------------------------------------------------------------------
 
@@ -207,6 +251,14 @@ def _set_position_txn(t: Transaction, instance_name: str, stream_name: str, posi
         " VALUES (?, ?, ?) ON CONFLICT (type, instance_name)"
         " DO UPDATE SET stream_id = excluded.stream_id",
         (stream_name, instance_name, position),
+    )
+
+
+def _advance_to_device_txn(t: Transaction, destination: str, upto: int) -> None:
+    t.execute(
+        "UPDATE destinations SET last_to_device_stream_id = ? WHERE destination = ?"
+        " AND (last_to_device_stream_id IS NULL OR last_to_device_stream_id < ?)",
+        (upto, destination, upto),
     )
 
 
