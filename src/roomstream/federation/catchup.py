@@ -188,11 +188,10 @@ class FederationSenderStore:
 
         def txn(t: Transaction) -> None:
             for destination, first in sorted(first_ids.items()):
-                _ensure_destination(t, destination)
                 t.execute(
-                    "UPDATE destinations SET last_to_device_stream_id = ?"
-                    " WHERE destination = ? AND last_to_device_stream_id IS NULL",
-                    (first - 1, destination),
+                    "INSERT INTO federation_stream_position (type, instance_name, stream_id)"
+                    " VALUES (?, ?, ?) ON CONFLICT (type, instance_name) DO NOTHING",
+                    (TO_DEVICE_ACCEPTED + destination, ANY_SENDER, first - 1),
                 )
 
         await self.db.run_interaction("federation_sender_note_to_device", txn)
@@ -205,11 +204,11 @@ class FederationSenderStore:
             rows = t.query(
                 "SELECT o.destination, o.stream_id, o.messages_json"
                 " FROM device_federation_outbox AS o"
-                " JOIN destinations AS d ON d.destination = o.destination"
-                " WHERE d.last_to_device_stream_id IS NOT NULL"
-                " AND o.stream_id > d.last_to_device_stream_id AND o.stream_id <= ?"
+                " JOIN federation_stream_position AS p"
+                " ON p.type = ? || o.destination AND p.instance_name = ?"
+                " WHERE o.stream_id > p.stream_id AND o.stream_id <= ?"
                 " ORDER BY o.stream_id",
-                (upto,),
+                (TO_DEVICE_ACCEPTED, ANY_SENDER, upto),
             )
             return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
 
@@ -254,11 +253,22 @@ def _set_position_txn(t: Transaction, instance_name: str, stream_name: str, posi
     )
 
 
+#: ``federation_stream_position`` rows recording, per destination, the ``to_device``
+#: stream ID up to which it has accepted its outbox messages: ``type`` is this prefix and
+#: the destination, ``instance_name`` is :data:`ANY_SENDER` (the record is the
+#: destination's, whichever sender instance sends to it). Kept in that table rather than
+#: in a column of ``destinations`` because migration 0026 had shipped without one.
+TO_DEVICE_ACCEPTED = "to_device_accepted|"
+ANY_SENDER = "*"
+
+
 def _advance_to_device_txn(t: Transaction, destination: str, upto: int) -> None:
     t.execute(
-        "UPDATE destinations SET last_to_device_stream_id = ? WHERE destination = ?"
-        " AND (last_to_device_stream_id IS NULL OR last_to_device_stream_id < ?)",
-        (upto, destination, upto),
+        "INSERT INTO federation_stream_position (type, instance_name, stream_id)"
+        " VALUES (?, ?, ?) ON CONFLICT (type, instance_name) DO UPDATE"
+        " SET stream_id = excluded.stream_id"
+        " WHERE federation_stream_position.stream_id < excluded.stream_id",
+        (TO_DEVICE_ACCEPTED + destination, ANY_SENDER, upto),
     )
 
 

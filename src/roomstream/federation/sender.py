@@ -30,8 +30,8 @@ performs the queue's steps through the injected :class:`TransactionTransport`
 EDU stream positions are stored once their EDUs are queued: typing, receipts, presence
 and device lists are volatile in the protocol (Synapse keeps them in memory too), so a
 stop may lose those not yet sent. To-device messages are not: each destination's
-accepted position is stored (``destinations.last_to_device_stream_id``) and what it has
-not accepted is queued again at start-up.
+accepted position is stored (:data:`.catchup.TO_DEVICE_ACCEPTED`) and what it has not
+accepted is queued again at start-up.
 
 Replication: after storing an ``events`` position, a sender other than ``main`` says
 ``FEDERATION_ACK <instance> <position>`` towards ``main``; ``REMOTE_SERVER_UP <server>``

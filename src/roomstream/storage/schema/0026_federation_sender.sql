@@ -14,16 +14,12 @@ CREATE TABLE federation_stream_position (
 -- failure_ts NULL: not failing; retry_interval 0: no back-off) and the stream ordering of
 -- the newest PDU it accepted (NULL: none yet). A destination with a destination_rooms
 -- row newer than last_successful_stream_ordering has missed events (catch-up).
--- last_to_device_stream_id: the to_device stream ID up to which the destination has
--- accepted its device_federation_outbox messages (NULL: it never had any); the messages
--- after it are queued again after a restart.
 CREATE TABLE destinations (
     destination TEXT NOT NULL PRIMARY KEY,
     failure_ts BIGINT,
     retry_last_ts BIGINT NOT NULL DEFAULT 0,
     retry_interval BIGINT NOT NULL DEFAULT 0,
-    last_successful_stream_ordering BIGINT,
-    last_to_device_stream_id BIGINT
+    last_successful_stream_ordering BIGINT
 );
 
 -- Per (destination, room): the stream ordering of the newest local event sent (or due to
