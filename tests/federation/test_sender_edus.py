@@ -16,6 +16,7 @@ from roomstream.client.presence_store import PresenceStore
 from roomstream.client.userdata import UserData
 from roomstream.e2e import device_lists
 from roomstream.federation.sender import FederationSender
+from roomstream.replication.commands import RemoteServerUpCommand
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database, Transaction
 from tests.federation.sender_support import (
@@ -191,3 +192,48 @@ async def test_device_list_updates_to_servers_sharing_a_room(
     await wait_for(lambda: len(updates(R2)) == 3, what="second change")
     second = {(u["device_id"], u["deleted"]) for u in updates(R2)[1:]}
     assert second == {("LAPTOP", False), ("PHONE", True)}
+
+
+async def put_to_device(engine: RoomEngine, destination: str, message_id: str) -> dict[str, Any]:
+    content = {
+        "sender": ALICE,
+        "type": "m.room_key_request",
+        "message_id": message_id,
+        "messages": {f"@user:{destination}": {"DEVICE": {"n": message_id}}},
+    }
+
+    def txn(t: Transaction, ids: list[int]) -> None:
+        t.execute(
+            "INSERT INTO device_federation_outbox (stream_id, instance_name, destination,"
+            " message_id, messages_json) VALUES (?, ?, ?, ?, ?)",
+            (ids[0], "main", destination, message_id, orjson.dumps(content).decode()),
+        )
+
+    await engine.streams.generator("to_device").run_with_ids("test_outbox", 1, txn)
+    return content
+
+
+async def test_to_device_messages_survive_a_restart_and_are_not_sent_twice(
+    engine: RoomEngine, tmp_path: Path
+) -> None:
+    await room_with_remote_members(engine, tmp_path, [R1])
+    transport = FakeTransport(down={R1})
+    first = start_sender(engine, transport, FakeClock())
+    await first.start()
+    sent = [await put_to_device(engine, R1, f"m{i}") for i in range(2)]
+    await wait_for(lambda: transport.attempts.get(R1), what="tried")
+    await wait_for(lambda: first.queues[R1].pending_edu_count == 2, what="both queued")
+    await first.stop()
+    transport.down.clear()
+
+    def delivered() -> list[Any]:
+        return [e["content"] for e in of_type(transport, R1, "m.direct_to_device")]
+
+    for _ in range(2):  # the second restart finds them accepted: nothing again
+        sender = start_sender(engine, transport, FakeClock())
+        await sender.start()
+        sender.on_command(RemoteServerUpCommand(R1))  # past the stored back-off
+        await wait_for(lambda: delivered() == sent, what="delivered once")
+        await wait_for(lambda s=sender: s.queues[R1].pending_edu_count == 0, what="idle")
+        await sender.stop()
+    assert delivered() == sent

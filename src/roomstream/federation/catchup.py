@@ -14,7 +14,7 @@ is forgotten.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from roomstream.federation.destination_queue import RetryState
@@ -150,9 +150,15 @@ class FederationSenderStore:
 
         await self.db.run_interaction("federation_sender_set_retry", txn)
 
-    async def record_success(self, destination: str, last_successful: int | None) -> None:
+    async def record_success(
+        self,
+        destination: str,
+        last_successful: int | None,
+        to_device_upto: int | None = None,
+    ) -> None:
         """A transaction was accepted: clear the back-off and store the newest stream
-        ordering the destination has (never moving it back)."""
+        ordering the destination has and how far it has its to-device messages (neither
+        ever moving back)."""
 
         def txn(t: Transaction) -> None:
             _ensure_destination(t, destination)
@@ -168,8 +174,45 @@ class FederationSenderStore:
                     " OR last_successful_stream_ordering < ?)",
                     (last_successful, destination, last_successful),
                 )
+            if to_device_upto is not None:
+                _advance_to_device_txn(t, destination, to_device_upto)
 
         await self.db.run_interaction("federation_sender_record_success", txn)
+
+    # -- to-device messages ------------------------------------------------------------------
+
+    async def note_to_device(self, first_ids: Mapping[str, int]) -> None:
+        """Before queueing a destination's first to-device messages: it has everything
+        below ``first_ids[destination]`` (a destination that already has a record keeps
+        it)."""
+
+        def txn(t: Transaction) -> None:
+            for destination, first in sorted(first_ids.items()):
+                t.execute(
+                    "INSERT INTO federation_stream_position (type, instance_name, stream_id)"
+                    " VALUES (?, ?, ?) ON CONFLICT (type, instance_name) DO NOTHING",
+                    (TO_DEVICE_ACCEPTED + destination, ANY_SENDER, first - 1),
+                )
+
+        await self.db.run_interaction("federation_sender_note_to_device", txn)
+
+    async def get_unsent_to_device(self, upto: int) -> list[tuple[str, int, str]]:
+        """``(destination, stream_id, messages_json)`` of the outbox up to ``upto`` that
+        the destinations have not accepted yet, ascending."""
+
+        def txn(t: Transaction) -> list[tuple[str, int, str]]:
+            rows = t.query(
+                "SELECT o.destination, o.stream_id, o.messages_json"
+                " FROM device_federation_outbox AS o"
+                " JOIN federation_stream_position AS p"
+                " ON p.type = ? || o.destination AND p.instance_name = ?"
+                " WHERE o.stream_id > p.stream_id AND o.stream_id <= ?"
+                " ORDER BY o.stream_id",
+                (TO_DEVICE_ACCEPTED, ANY_SENDER, upto),
+            )
+            return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+        return await self.db.run_interaction("federation_sender_unsent_to_device", txn)
 
     # -- catch-up --------------------------------------------------------------------------
 
@@ -207,6 +250,25 @@ def _set_position_txn(t: Transaction, instance_name: str, stream_name: str, posi
         " VALUES (?, ?, ?) ON CONFLICT (type, instance_name)"
         " DO UPDATE SET stream_id = excluded.stream_id",
         (stream_name, instance_name, position),
+    )
+
+
+#: ``federation_stream_position`` rows recording, per destination, the ``to_device``
+#: stream ID up to which it has accepted its outbox messages: ``type`` is this prefix and
+#: the destination, ``instance_name`` is :data:`ANY_SENDER` (the record is the
+#: destination's, whichever sender instance sends to it). Kept in that table rather than
+#: in a column of ``destinations`` because migration 0026 had shipped without one.
+TO_DEVICE_ACCEPTED = "to_device_accepted|"
+ANY_SENDER = "*"
+
+
+def _advance_to_device_txn(t: Transaction, destination: str, upto: int) -> None:
+    t.execute(
+        "INSERT INTO federation_stream_position (type, instance_name, stream_id)"
+        " VALUES (?, ?, ?) ON CONFLICT (type, instance_name) DO UPDATE"
+        " SET stream_id = excluded.stream_id"
+        " WHERE federation_stream_position.stream_id < excluded.stream_id",
+        (TO_DEVICE_ACCEPTED + destination, ANY_SENDER, upto),
     )
 
 

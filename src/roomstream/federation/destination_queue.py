@@ -80,12 +80,15 @@ class QueuedPdu:
 @dataclass(frozen=True, eq=False)
 class Edu:
     """An EDU to send. ``key``: a newer EDU with the same key replaces a queued one
-    (None: never replaced). ``durable``: kept however long the back-off (to-device)."""
+    (None: never replaced). ``durable``: kept however long the back-off (to-device).
+    ``stream_id``: for a to-device message, its ``to_device`` stream ID (the sender
+    records how far a destination has accepted them)."""
 
     edu_type: str
     content: Mapping[str, Any]
     key: tuple[str, ...] | None = None
     durable: bool = False
+    stream_id: int | None = None
 
     def to_json(self, origin: str, destination: str) -> dict[str, Any]:
         return {

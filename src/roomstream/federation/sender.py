@@ -27,8 +27,11 @@ performs the queue's steps through the injected :class:`TransactionTransport`
 - **to_device**: rows of ``device_federation_outbox`` (its ``messages_json`` is the
   ``m.direct_to_device`` EDU content), to their destination; durable in the queue.
 
-EDU stream positions are stored once their EDUs are queued: EDUs are volatile in the
-protocol (Synapse keeps them in memory too), so a crash may lose those not yet sent.
+EDU stream positions are stored once their EDUs are queued: typing, receipts, presence
+and device lists are volatile in the protocol (Synapse keeps them in memory too), so a
+stop may lose those not yet sent. To-device messages are not: each destination's
+accepted position is stored (:data:`.catchup.TO_DEVICE_ACCEPTED`) and what it has not
+accepted is queued again at start-up.
 
 Replication: after storing an ``events`` position, a sender other than ``main`` says
 ``FEDERATION_ACK <instance> <position>`` towards ``main``; ``REMOTE_SERVER_UP <server>``
@@ -218,6 +221,9 @@ class FederationSender:
             if record.needs_catch_up:
                 queue.start_catching_up()
                 self._wake(record.destination)
+        # To-device messages read before the stop and not accepted since: again.
+        unsent = await self.store.get_unsent_to_device(self._positions["to_device"])
+        await self._queue_to_device([m for m in unsent if self.handles(m[0])])
         for name in ("events", *EDU_STREAMS):
             wake = self._stream_wakes[name] = asyncio.Event()
             wake.set()
@@ -541,15 +547,26 @@ class FederationSender:
         rows = await self.engine.db.run_interaction(
             "federation_sender_to_device",
             lambda t: t.query(
-                "SELECT destination, messages_json FROM device_federation_outbox"
+                "SELECT destination, stream_id, messages_json FROM device_federation_outbox"
                 " WHERE stream_id > ? AND stream_id <= ? ORDER BY stream_id",
                 (start, bound),
             ),
         )
-        for destination, messages_json in rows:
+        messages = [(str(d), int(i), str(m)) for d, i, m in rows if self.handles(str(d))]
+        first: dict[str, int] = {}
+        for destination, stream_id, _ in messages:
+            first.setdefault(destination, stream_id)
+        if first:
+            # Recorded before they are queued: a restart queues again what the
+            # destination has not accepted (get_unsent_to_device).
+            await self.store.note_to_device(first)
+        await self._queue_to_device(messages)
+
+    async def _queue_to_device(self, messages: Sequence[tuple[str, int, str]]) -> None:
+        for destination, stream_id, messages_json in messages:
             content = exactjson.loads(messages_json)
-            edu = Edu("m.direct_to_device", content, durable=True)
-            await self._queue_edus({str(destination)}, [edu])
+            edu = Edu("m.direct_to_device", content, durable=True, stream_id=stream_id)
+            await self._queue_edus({destination}, [edu])
 
     async def _queue_edus(self, hosts: Iterable[str], edus: Sequence[Edu]) -> None:
         mine = {h for h in hosts if self.handles(h)}
@@ -673,7 +690,9 @@ class FederationSender:
             if isinstance(status, int) and 400 <= status < 500 and status != 429:
                 logger.warning("%s refused transaction %s: %s", destination, txn_id, exc)
                 queue.on_rejected()
-                await self.store.record_success(destination, queue.last_successful_stream_ordering)
+                await self.store.record_success(
+                    destination, queue.last_successful_stream_ordering, _to_device_upto(planned)
+                )
                 return
             retry = queue.on_failure(self._now_ms(), self.jitter())
             logger.info(
@@ -689,9 +708,17 @@ class FederationSender:
             if isinstance(result, Mapping) and "error" in result:
                 logger.info("%s refused PDU %s: %s", destination, event_id, result["error"])
         was_failing = queue.on_success(self._now_ms())
-        await self.store.record_success(destination, queue.last_successful_stream_ordering)
+        await self.store.record_success(
+            destination, queue.last_successful_stream_ordering, _to_device_upto(planned)
+        )
         if was_failing and self.send_command is not None:
             self.send_command(RemoteServerUpCommand(destination), "main")
+
+
+def _to_device_upto(planned: PlannedTransaction) -> int | None:
+    """The highest to-device stream ID a transaction carried (None: none)."""
+    ids = [e.stream_id for e in planned.edus if e.stream_id is not None]
+    return max(ids) if ids else None
 
 
 def _memberships_in_group_txn(t: Transaction, group: int) -> dict[str, str]:
