@@ -96,6 +96,16 @@ async def test_invite_join_and_messages_both_ways_across_a_restart(
         details=details,
     )
 
+    # A to-device message from A's user to every device of B's user (m.direct_to_device).
+    sent = {"messages": {bob.user_id: {"*": {"secret": "for bob"}}}}
+    await alice.ok("PUT", "/sendToDevice/m.test.ping/td1", sent)
+    await wait_for(
+        lambda: _to_device_from(bob, alice.user_id),
+        60,
+        "the to-device message on B",
+        details=details,
+    )
+
     # B goes away; A keeps sending; B comes back and has every message, once.
     await b.stop()
     for i in range(5):
@@ -180,3 +190,13 @@ async def test_concurrent_state_changes_resolve_alike_on_both_servers(
 async def _level_of(account: Account, room: str, user_id: str, level: int) -> bool:
     status, levels = await account.call("GET", f"/rooms/{q(room)}/state/m.room.power_levels/")
     return status == 200 and levels.get("users", {}).get(user_id) == level
+
+
+async def _to_device_from(account: Account, sender: str) -> bool:
+    answer = await account.sync()
+    return any(
+        e["sender"] == sender
+        and e["type"] == "m.test.ping"
+        and e["content"] == {"secret": "for bob"}
+        for e in answer.get("to_device", {}).get("events", [])
+    )

@@ -171,7 +171,7 @@ class ClientProcess:
         # The rows read to wake syncs also bring the read path's change caches up to
         # date: the woken sync does not read them a second time.
         self.notifier.local_row_listeners.append(share_events_rows)
-        self.userdata = UserData(engine.streams, config.instance_name)
+        self.userdata = UserData(engine.streams, config.instance_name, config.server_name)
         self.typing_state = TypingState()
         self.typing: TypingWriter | None = None
         #: Told (token, rows) of typing rows this process writes (the ``typing`` stream

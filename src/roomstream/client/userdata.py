@@ -10,6 +10,7 @@ there from any other; called on a process that does not write the stream they an
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -36,10 +37,15 @@ ToDeviceTransaction = tuple[str, str]
 
 
 class UserData:
-    def __init__(self, streams: StreamSet, instance_name: str) -> None:
+    def __init__(
+        self, streams: StreamSet, instance_name: str, server_name: str | None = None
+    ) -> None:
+        """``server_name``: this server's, telling local recipients of to-device
+        messages from other servers' (None: every recipient is taken as local)."""
         self.streams = streams
         self.db = streams.database
         self.instance_name = instance_name
+        self.server_name = server_name
 
     def position(self, stream_name: str) -> int:
         """Every fact of the stream at or below this is complete (all writers)."""
@@ -226,9 +232,11 @@ class UserData:
         messages: Mapping[str, Mapping[str, Any]],
         transaction: ToDeviceTransaction | None = None,
     ) -> bool:
-        """Queue messages for local devices (``*``: every device of the user); False if
-        ``transaction`` (the sender's device and transaction ID) was sent before, and
-        nothing was queued.
+        """Queue messages for local devices (``*``: every device of the user), and for
+        users of other servers one ``m.direct_to_device`` EDU per server in
+        ``device_federation_outbox`` (the federation sender's to-device source, on the
+        same stream); False if ``transaction`` (the sender's device and transaction ID)
+        was sent before, and nothing was queued.
 
         Idempotent per (sender, device, transaction ID) on every engine and process: the
         transaction ID is inserted in the messages' own database transaction, and a
@@ -241,7 +249,12 @@ class UserData:
             if transaction is not None and not _record_transaction(t, sender, transaction, now_ms):
                 return False
             rows = []
+            remote: dict[str, dict[str, Any]] = {}
             for user_id, by_device in messages.items():
+                server = user_id.partition(":")[2]
+                if self.server_name is not None and server != self.server_name:
+                    remote.setdefault(server, {})[user_id] = dict(by_device)
+                    continue
                 devices = list(by_device)
                 if "*" in by_device:
                     found = t.query("SELECT device_id FROM devices WHERE user_id = ?", (user_id,))
@@ -256,6 +269,17 @@ class UserData:
                 " VALUES (?, ?, ?, ?, ?)",
                 [(*r[:4], r[4].decode()) for r in rows],
             )
+            if remote:
+                t.executemany(
+                    "INSERT INTO device_federation_outbox"
+                    " (stream_id, instance_name, destination, message_id, messages_json)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    [
+                        (ids[0], instance, server, message_id, edu)
+                        for server, by_user in sorted(remote.items())
+                        for message_id, edu in [_direct_to_device(sender, event_type, by_user)]
+                    ],
+                )
             return True
 
         _, sent = await self._writer("to_device").run_with_ids("send_to_device", 1, txn)
@@ -310,3 +334,16 @@ def _record_transaction(
         (sender, device_id, txn_id, now_ms),
     )
     return t.rowcount == 1
+
+
+def _direct_to_device(sender: str, event_type: str, messages: Mapping[str, Any]) -> tuple[str, str]:
+    """(message ID, the ``m.direct_to_device`` EDU content as JSON) of messages to the
+    users of one other server; the ID lets that server drop a repeat."""
+    message_id = secrets.token_urlsafe(12)
+    content = {
+        "sender": sender,
+        "type": event_type,
+        "message_id": message_id,
+        "messages": messages,
+    }
+    return message_id, orjson.dumps(content).decode()

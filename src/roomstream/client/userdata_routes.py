@@ -21,6 +21,7 @@ from roomstream.errors import (
     InvalidParamError,
     NotFoundError,
 )
+from roomstream.grammar import is_user_id
 
 __all__ = ["userdata_routes"]
 
@@ -192,8 +193,15 @@ def userdata_routes(
                 isinstance(c, dict) for c in by_device.values()
             ):
                 raise BadJsonError("messages: user -> device -> object")
-            if not user_id.endswith(":" + accounts.server_name):
-                raise InvalidParamError("only local users can be reached")
+            if not user_id.endswith(":" + accounts.server_name) and (
+                # Other servers' users are reached over federation (m.direct_to_device).
+                rooms.remote is None or not is_user_id(user_id)
+            ):
+                raise InvalidParamError(
+                    f"{user_id[:300]!r}: only local users can be reached"
+                    if rooms.remote is None
+                    else f"{user_id[:300]!r} is not a user ID"
+                )
         # Idempotent per sending device and transaction ID, as PUT /send is.
         transaction = (requester.device_id, _key(request, "txn_id"))
         await writes.send_to_device(

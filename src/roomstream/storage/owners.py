@@ -76,6 +76,7 @@ TABLE_OWNERS: Mapping[str, str] = {
     "room_account_data": "roomstream.client.userdata",
     "receipts": "roomstream.client.userdata",
     "device_inbox": "roomstream.client.userdata",
+    "device_federation_outbox": "roomstream.client.userdata",
     "to_device_transactions": "roomstream.client.userdata",
     "presence_stream": "roomstream.client.presence_store",
     # End-to-end encryption: device keys, cross-signing, key backup, device lists.
