@@ -48,6 +48,7 @@ from roomstream.federation.keyring import Keyring, OldSigningKey
 from roomstream.federation.listener import RouteInstaller, federation_listener
 from roomstream.federation.queries import FederationQueries
 from roomstream.federation.query_routes import install_query_routes
+from roomstream.federation.remote_keys import RemoteKeysClient
 from roomstream.federation.remote_rooms import RemoteRoomsClient
 from roomstream.federation.room_routes import install_room_routes
 from roomstream.federation.sender import FederationSender
@@ -241,6 +242,9 @@ class Homeserver:
                 send_command=node.send_command,
                 stream_live=node.stream_live,
                 remote_rooms=remote_rooms,
+                remote_keys=None
+                if self.federation is None
+                else RemoteKeysClient(self.federation.client),
             )
             node.listeners.append(self.client)
             presence_writer = self.client.presence.writer

@@ -18,7 +18,9 @@ import pytest
 
 from roomstream.federation.certs import TestCertificateAuthority
 from roomstream.storage import DatabaseConfig
+from tests.support.e2e_keys import Device
 from tests.support.federation_servers import Account, FederatedServer, q
+from tests.support.js_sdk import JS_DIR, run_script
 from tests.support.wait import wait_for
 
 
@@ -199,4 +201,62 @@ async def _to_device_from(account: Account, sender: str) -> bool:
         and e["type"] == "m.test.ping"
         and e["content"] == {"secret": "for bob"}
         for e in answer.get("to_device", {}).get("events", [])
+    )
+
+
+async def test_device_keys_of_the_other_servers_users(
+    servers: tuple[FederatedServer, FederatedServer],
+) -> None:
+    """/keys/query and /keys/claim of a user of B, asked of A: A asks B, and passes on
+    exactly B's answer for B's user; a server that cannot be reached is a failure."""
+    a, b = servers
+    alice = await a.register("alice")
+    bob = await b.register("bob")
+    device = Device(bob.user_id, bob.device_id)
+    await bob.ok(
+        "POST",
+        "/keys/upload",
+        {"device_keys": device.device_keys(), "one_time_keys": device.one_time_keys(["k1"])},
+    )
+    queried = await alice.ok("POST", "/keys/query", {"device_keys": {bob.user_id: []}})
+    assert (
+        queried["device_keys"][bob.user_id][bob.device_id]["keys"] == (device.device_keys()["keys"])
+    )
+    assert queried["failures"] == {}
+    claimed = await alice.ok(
+        "POST",
+        "/keys/claim",
+        {"one_time_keys": {bob.user_id: {bob.device_id: "signed_curve25519"}}},
+    )
+    assert claimed["one_time_keys"] == {bob.user_id: {bob.device_id: device.one_time_keys(["k1"])}}
+    # A server that is down: its users are a failure, the rest is answered.
+    down = "localhost:1"
+    queried = await alice.ok(
+        "POST", "/keys/query", {"device_keys": {f"@x:{down}": [], alice.user_id: []}}
+    )
+    assert set(queried["failures"]) == {down}
+    assert alice.user_id in queried["device_keys"]
+
+
+async def test_encrypted_chat_across_servers_with_matrix_js_sdk(
+    servers: tuple[FederatedServer, FederatedServer],
+) -> None:
+    """matrix-js-sdk with its Rust crypto, Alice on A and Bob on B, in an encrypted room
+    (created with Bob invited): each client queries the other server's user's device
+    keys and claims a one-time key through its own server (/keys/query and /keys/claim
+    asking the other server), shares the room key by to-device message over federation,
+    and reads the other's message decrypted; A stored only ciphertext."""
+    a, b = servers
+    _require_rust_crypto()
+    report = await run_script("e2e.mjs", a.url, b.url)
+    assert report["encrypted"] is True
+    assert "secret from alice" in report["bobRead"]
+    assert "secret from bob" in report["aliceRead"]
+    assert "m.room.message" not in report["types"]
+    assert "m.room.encrypted" in report["types"]
+
+
+def _require_rust_crypto() -> None:
+    assert (JS_DIR / "node_modules" / "@matrix-org" / "matrix-sdk-crypto-wasm").is_dir(), (
+        "matrix-js-sdk's Rust crypto is not installed: run `make setup`"
     )

@@ -35,6 +35,7 @@ class Account:
     server: FederatedServer
     user_id: str
     token: str
+    device_id: str = ""
     since: str | None = None
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -178,4 +179,4 @@ class FederatedServer:
         body = {"username": name, "password": "secret-password", "auth": {"type": "m.login.dummy"}}
         status, answer = await self.call("POST", "/register", body)
         assert status == 200, answer
-        return Account(self, answer["user_id"], answer["access_token"])
+        return Account(self, answer["user_id"], answer["access_token"], answer["device_id"])

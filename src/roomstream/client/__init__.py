@@ -54,6 +54,7 @@ from roomstream.client.pushers import PusherPool, PusherStore, parse_pusher
 from roomstream.client.pushrules import PUSH_RULES, PushRuleEdit
 from roomstream.client.read_routes import read_routes
 from roomstream.client.relations_routes import relations_routes
+from roomstream.client.remote_keys import KeysWithRemote, RemoteKeys
 from roomstream.client.remote_rooms import RemoteRooms
 from roomstream.client.reports import Reports
 from roomstream.client.room_routes import room_routes
@@ -107,6 +108,7 @@ class ClientProcess:
         send_command: Callable[[Command, str], bool] | None = None,
         stream_live: Callable[[str], bool] | None = None,
         remote_rooms: RemoteRooms | None = None,
+        remote_keys: RemoteKeys | None = None,
     ) -> None:
         """``send_command``: sends a replication command towards an instance (the
         presence writer's ``USER_SYNC``); None: this process tells nobody of its syncs.
@@ -335,7 +337,11 @@ class ClientProcess:
                 *legacy_routes(self.accounts, self.rooms, self.reader, legacy),
                 *admin_routes(self.accounts, self.client_ips),
                 *openid_routes(self.accounts, self.openid),
-                *keys_routes(self.accounts, self.keys),
+                *keys_routes(
+                    self.accounts,
+                    self.keys,
+                    KeysWithRemote(self.keys, config.server_name, remote_keys),
+                ),
                 *device_routes(self.accounts, self.keys, self.client_ips),
                 *backup_routes(self.accounts, KeyBackup(engine.db)),
                 *media_routes(self.accounts, self.media),
@@ -562,9 +568,11 @@ def build_client_api(
     send_command: Callable[[Command, str], bool] | None = None,
     stream_live: Callable[[str], bool] | None = None,
     remote_rooms: RemoteRooms | None = None,
+    remote_keys: RemoteKeys | None = None,
 ) -> ClientProcess:
     """The Client-Server API of this instance; ``.api.install`` puts it on an app.
-    ``remote_rooms``: other servers' rooms (federation), or None without federation."""
+    ``remote_rooms``, ``remote_keys``: other servers' rooms and users' end-to-end keys
+    (federation), or None without federation."""
     return ClientProcess(
         config,
         engine,
@@ -575,6 +583,7 @@ def build_client_api(
         send_command=send_command,
         stream_live=stream_live,
         remote_rooms=remote_rooms,
+        remote_keys=remote_keys,
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from roomstream.accounts import Accounts
+from roomstream.client.remote_keys import KeysWithRemote
 from roomstream.client.request import json_response, optional, read_json, required
 from roomstream.client.server import Route, authenticate
 from roomstream.client.sync import SyncToken
@@ -66,7 +67,9 @@ def _changes_token(request: web.Request, name: str) -> tuple[int | None, int]:
     return lists, token.events.minimum
 
 
-def keys_routes(accounts: Accounts, keys: E2eKeys) -> list[Route]:
+def keys_routes(accounts: Accounts, keys: E2eKeys, everyones: KeysWithRemote) -> list[Route]:
+    """``everyones``: ``/keys/query`` and ``/keys/claim`` of users on any server."""
+
     async def upload(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         body = await read_json(request)
@@ -83,11 +86,11 @@ def keys_routes(accounts: Accounts, keys: E2eKeys) -> list[Route]:
     async def query(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         wanted = _query_wanted(await read_json(request))
-        return json_response(await keys.query(requester.user_id, wanted))
+        return json_response(await everyones.query(requester.user_id, wanted))
 
     async def claim(request: web.Request) -> web.Response:
         await authenticate(accounts, request)
-        return json_response(await keys.claim(_claim_wanted(await read_json(request))))
+        return json_response(await everyones.claim(_claim_wanted(await read_json(request))))
 
     async def changes(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
