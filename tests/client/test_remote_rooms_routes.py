@@ -32,6 +32,11 @@ class FakeRemote:
     ) -> None:
         raise AssertionError("not expected")
 
+    async def knock(
+        self, user_id: str, room_id: str, servers: Sequence[str], content: Mapping[str, Any]
+    ) -> None:
+        raise AssertionError("not expected")
+
 
 def _remote(homeserver: Homeserver) -> FakeRemote:
     fake = FakeRemote()

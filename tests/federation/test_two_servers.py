@@ -260,3 +260,55 @@ def _require_rust_crypto() -> None:
     assert (JS_DIR / "node_modules" / "@matrix-org" / "matrix-sdk-crypto-wasm").is_dir(), (
         "matrix-js-sdk's Rust crypto is not installed: run `make setup`"
     )
+
+
+async def test_rejecting_an_invite_and_knocking_across_servers(
+    servers: tuple[FederatedServer, FederatedServer],
+) -> None:
+    """B's user rejects an invite to A's room (make_leave / send_leave through A) and
+    knocks on another (make_knock / send_knock); both servers agree on each membership,
+    and the knock, accepted by an invite, ends in a join."""
+    a, b = servers
+    details = _details(a, b)
+    alice = await a.register("alice")
+    bob = await b.register("bob")
+    private = (await alice.ok("POST", "/createRoom", {"preset": "private_chat"}))["room_id"]
+    await alice.ok("POST", f"/rooms/{q(private)}/invite", {"user_id": bob.user_id})
+    await wait_for(lambda: _has_invite(bob, private), 60, "the invite on B", details=details)
+    await bob.ok("POST", f"/rooms/{q(private)}/leave", {})
+    assert await _membership(alice, private, bob.user_id) == "leave"
+    left = (await bob.sync())["rooms"].get("leave", {})
+    assert private in left
+
+    knocked = (
+        await alice.ok(
+            "POST",
+            "/createRoom",
+            {
+                "preset": "private_chat",
+                "initial_state": [
+                    {
+                        "type": "m.room.join_rules",
+                        "state_key": "",
+                        "content": {"join_rule": "knock"},
+                    }
+                ],
+            },
+        )
+    )["room_id"]
+    await bob.ok("POST", f"/knock/{q(knocked)}?via={q(a.server_name)}", {"reason": "let me in"})
+    assert await _membership(alice, knocked, bob.user_id) == "knock"
+    await alice.ok("POST", f"/rooms/{q(knocked)}/invite", {"user_id": bob.user_id})
+    await wait_for(lambda: _has_invite(bob, knocked), 60, "the knock's invite", details=details)
+    await bob.ok("POST", f"/join/{q(knocked)}", {})
+    assert await _membership(alice, knocked, bob.user_id) == "join"
+
+
+async def _has_invite(account: Account, room: str) -> bool:
+    answer = await account.sync()
+    return room in answer["rooms"].get("invite", {})
+
+
+async def _membership(account: Account, room: str, user_id: str) -> str | None:
+    status, member = await account.call("GET", f"/rooms/{q(room)}/state/m.room.member/{q(user_id)}")
+    return member.get("membership") if status == 200 else None

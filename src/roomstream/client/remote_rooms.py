@@ -35,6 +35,12 @@ class RemoteRooms(Protocol):
         (``make_leave`` / ``send_leave``)."""
         ...
 
+    async def knock(
+        self, user_id: str, room_id: str, servers: Sequence[str], content: Mapping[str, Any]
+    ) -> None:
+        """Knock on a room this server is not in (``make_knock`` / ``send_knock``)."""
+        ...
+
 
 def servers_to_try(own_server: str, room_id: str, *given: Sequence[str] | None) -> list[str]:
     """Servers to ask about a room, in order, each once, never this one: those given

@@ -50,8 +50,9 @@ def room_routes(accounts: Accounts, rooms: RoomService) -> list[Route]:
     async def knock(request: web.Request) -> web.Response:
         requester = await authenticate(accounts, request)
         body = await read_json(request)
+        via = [*request.query.getall("via", ()), *request.query.getall("server_name", ())]
         room_id = await rooms.knock(
-            requester, path_value(request, "room"), optional(body, "reason", str)
+            requester, path_value(request, "room"), optional(body, "reason", str), via
         )
         return json_response({"room_id": room_id})
 

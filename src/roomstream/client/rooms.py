@@ -422,17 +422,30 @@ class RoomService:
         await self.store.unforget(requester.user_id, room_id)
         return room_id
 
-    async def knock(self, requester: Requester, room_id_or_alias: str, reason: str | None) -> str:
+    async def knock(
+        self,
+        requester: Requester,
+        room_id_or_alias: str,
+        reason: str | None,
+        via: Sequence[str] | None = None,
+    ) -> str:
         """Ask to join a room whose join rule is ``knock`` (or ``knock_restricted``); the
         auth rules refuse (403) other join rules and users already invited, joined or
-        banned. Rooms this server knows only: knocking over federation (``make_knock`` /
-        ``send_knock``) is not implemented, as joining over federation is not."""
-        room_id = await self.resolve_room(room_id_or_alias)
-        if await self.events.get_room_version(room_id) is None:
-            raise NotFoundError(f"unknown room {room_id}")
+        banned. A room this server is not in is knocked on through another server
+        (``make_knock`` / ``send_knock``: ``via``, the alias's servers, the room ID's)."""
+        room_id, alias_servers = await self._resolve_with_servers(room_id_or_alias)
         content: dict[str, Any] = {"membership": "knock"}
         if reason is not None:
             content["reason"] = reason
+        remote = await self._remote_servers_for(
+            room_id, requester.user_id, [*(via or ()), *alias_servers]
+        )
+        if remote:
+            assert self.remote is not None
+            await self.remote.knock(requester.user_id, room_id, remote, content)
+            return room_id
+        if await self.events.get_room_version(room_id) is None:
+            raise NotFoundError(f"unknown room {room_id}")
         await self.writer.send(
             room_id, requester.user_id, EventTypes.MEMBER, content, state_key=requester.user_id
         )

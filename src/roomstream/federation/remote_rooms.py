@@ -110,12 +110,7 @@ class RemoteRoomsClient:
                 await self._join_through(server, user_id, room_id, content)
                 return
             except MatrixError as exc:
-                if exc.http_status in (400, 403, 404) and not isinstance(exc, BadEventError):
-                    last = exc  # the server's refusal (or ours of what it sent), as given
-                else:
-                    # A bad answer, or one meant for this server (401: our signature),
-                    # not for the client: never a 401 a client would take for its token.
-                    last = RemoteServerError(f"{server}: {exc.message}")
+                last = _client_error(server, exc)
                 logger.info("join of %s through %s failed: %s", room_id, server, exc)
             except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
                 last = RemoteServerError(f"{server}: {exc}")
@@ -159,10 +154,67 @@ class RemoteRoomsClient:
     async def leave(
         self, user_id: str, room_id: str, servers: Sequence[str], content: Mapping[str, Any]
     ) -> None:
-        raise ForbiddenError(
-            "leaving or rejecting an invite to a room this server is not in is not"
-            " supported yet (make_leave / send_leave)"
+        """Leave a room this server is not in (reject an invite, withdraw a knock):
+        ``make_leave`` / ``send_leave`` v2 through the first server that lets it, then the
+        leave is stored as the user's out-of-band membership (what the user's /sync shows;
+        the room's own servers have it as a room event)."""
+        await self._membership_through(servers, user_id, room_id, "leave", content)
+
+    async def knock(
+        self, user_id: str, room_id: str, servers: Sequence[str], content: Mapping[str, Any]
+    ) -> None:
+        """Knock on a room this server is not in: ``make_knock`` / ``send_knock``; the
+        knock is stored as the user's out-of-band membership."""
+        await self._membership_through(servers, user_id, room_id, "knock", content)
+
+    async def _membership_through(
+        self,
+        servers: Sequence[str],
+        user_id: str,
+        room_id: str,
+        membership: str,
+        content: Mapping[str, Any],
+    ) -> None:
+        last: Exception | None = None
+        for server in servers:
+            try:
+                await self._out_of_band_through(server, user_id, room_id, membership, content)
+                return
+            except MatrixError as exc:
+                last = _client_error(server, exc)
+            except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                last = RemoteServerError(f"{server}: {exc}")
+            logger.info("%s of %s through %s failed: %s", membership, room_id, server, last)
+        if last is None:
+            raise NotFoundError(f"no server to {membership} {room_id} through")
+        raise last
+
+    async def _out_of_band_through(
+        self,
+        server: str,
+        user_id: str,
+        room_id: str,
+        membership: str,
+        content: Mapping[str, Any],
+    ) -> None:
+        path = f"{_quote(room_id)}/{_quote(user_id)}"
+        query = {"ver": list(KNOWN_ROOM_VERSIONS)} if membership == "knock" else None
+        answer = await self.client.request(
+            "GET", server, f"/_matrix/federation/v1/make_{membership}/{path}", query=query
         )
+        if not isinstance(answer, dict) or not isinstance(answer.get("event"), dict):
+            raise RemoteServerError(f"{server} answered make_{membership} without an event")
+        version = room_version(answer.get("room_version", "1"))
+        event = self._member_event(answer["event"], version, user_id, room_id, membership, content)
+        # send_knock has only v1; send_leave's v2 answers {} (v1 a [200, {}] pair).
+        api = "v1" if membership == "knock" else "v2"
+        await self.client.request(
+            "PUT",
+            server,
+            f"/_matrix/federation/{api}/send_{membership}/{_quote(room_id)}/{_quote(event.event_id)}",
+            content=event.data,
+        )
+        await self.engine.receive_out_of_band_membership(event.raw, version)
 
     async def _join_through(
         self, server: str, user_id: str, room_id: str, content: Mapping[str, Any]
@@ -176,7 +228,7 @@ class RemoteRoomsClient:
         if not isinstance(answer, dict) or not isinstance(answer.get("event"), dict):
             raise RemoteServerError(f"{server} answered make_join without an event")
         version = room_version(answer.get("room_version", "1"))
-        event = self._join_event(answer["event"], version, user_id, room_id, content)
+        event = self._member_event(answer["event"], version, user_id, room_id, "join", content)
         sent = await self.client.request(
             "PUT",
             server,
@@ -187,15 +239,16 @@ class RemoteRoomsClient:
             raise RemoteServerError(f"{server} answered send_join with no object")
         await self._store_join(server, room_id, version, event, sent)
 
-    def _join_event(
+    def _member_event(
         self,
         template: Mapping[str, Any],
         version: RoomVersion,
         user_id: str,
         room_id: str,
+        membership: str,
         content: Mapping[str, Any],
     ) -> Event:
-        """Our join event from a resident server's template: its DAG position and
+        """Our membership event from a resident server's template: its DAG position and
         server-set keys (e.g. ``join_authorised_via_users_server``), our content."""
         if (
             template.get("type") != EventTypes.MEMBER
@@ -203,15 +256,15 @@ class RemoteRoomsClient:
             or template.get("sender") != user_id
             or template.get("room_id") != room_id
         ):
-            raise RemoteServerError("make_join answered a template for another join")
+            raise RemoteServerError(f"make_{membership} answered a template for someone else")
         given = template.get("content")
         event_content = {**(given if isinstance(given, dict) else {}), **content}
-        event_content["membership"] = "join"
+        event_content["membership"] = membership
         prev = template.get("prev_events")
         auth = template.get("auth_events")
         depth = template.get("depth")
         if not isinstance(prev, list) or not isinstance(auth, list) or not isinstance(depth, int):
-            raise RemoteServerError("make_join answered a template without its DAG position")
+            raise RemoteServerError(f"make_{membership} answered a template without its place")
         data = build_event_dict(
             version,
             event_type=EventTypes.MEMBER,
@@ -274,3 +327,12 @@ class RemoteRoomsClient:
             raise ForbiddenError(
                 f"the join was refused by the room's rules: {outcome.rejected_reason}"
             )
+
+
+def _client_error(server: str, exc: MatrixError) -> MatrixError:
+    """What the local client is told of ``exc``: a server's refusal (400, 403, 404) as it
+    gave it; anything else (a bad answer; a 401 meant for this server's signature, which
+    a client would take for its own token) as :class:`RemoteServerError`."""
+    if exc.http_status in (400, 403, 404) and not isinstance(exc, BadEventError):
+        return exc
+    return RemoteServerError(f"{server}: {exc.message}")
