@@ -8,9 +8,9 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-import orjson
 from signedjson.types import SigningKey
 
+from roomstream import exactjson
 from roomstream.config import Config
 from roomstream.errors import (
     EventNotJsonError,
@@ -153,7 +153,7 @@ class RoomEngine:
             if redacted:
                 mismatched.add(event.event_id)
         if not trust_unsigned:
-            servers = {s for e in events for s in required_signers(e.data)}
+            servers = {s for e in events for s in required_signers(e.data, e.room_version)}
             known = await self.keys.verify_keys(servers)
             for event in events:
                 check_event_signatures(event, known)
@@ -191,8 +191,9 @@ class RoomEngine:
 def _decode(raw: bytes) -> dict[str, object]:
     """Just enough parsing to find a PDU's room and version (``parse_pdu`` is strict)."""
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        # exactjson: room versions 1-5 may hold integers beyond 64 bits.
+        data = exactjson.loads(raw)
+    except ValueError as exc:
         raise EventNotJsonError(f"invalid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise MalformedEventError("a PDU must be a JSON object")
