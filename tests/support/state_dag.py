@@ -141,6 +141,11 @@ class RoomDag:
         }
         if spec.state_key is not None:
             data["state_key"] = spec.state_key
+        if self.version.event_ids_in_pdu:
+            # Room versions 1 and 2: the ID is in the PDU, references are pairs.
+            data["event_id"] = self.event_id(spec.name)
+            data["prev_events"] = [[e, {}] for e in data["prev_events"]]
+            data["auth_events"] = [[e, {}] for e in data["auth_events"]]
         if not (spec.type == CREATE and self.version.room_id_from_create_event):
             data["room_id"] = self.room_id
         event = Event(data, self.version, self.event_id(spec.name))
