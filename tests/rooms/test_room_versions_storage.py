@@ -77,7 +77,7 @@ async def test_floats_refused_from_version_6(
     engine: RoomEngine, remote_key: SigningKey, version_id: str
 ) -> None:
     room_id = await public_room(engine, version_id)
-    join, version, _ = await remote_join(engine, remote_key, room_id)
+    join, _version, _ = await remote_join(engine, remote_key, room_id)
     tampered = join.raw.replace(b'"depth":', b'"weight":1.5,"depth":')
     with pytest.raises(BadEventError):
         await engine.receive_pdus([tampered])
