@@ -5,7 +5,10 @@ may hold --, join rules of every kind, memberships of three users on three serve
 a generated event to authorise: roomstream's :func:`check_auth_rules` and Synapse's
 ``check_state_dependent_auth_rules`` must agree on allow or refuse for every version.
 Where Synapse itself fails with an error other than an authorization error (it reads an
-unreadable level with ``int()``), the example says nothing and is skipped.
+unreadable level with ``int()``), the example says nothing and is skipped. One known,
+documented divergence is left out of the comparison (``docs/auth.md``, "Not covered
+here"): Synapse also refuses a membership whose *target* is on another server than the
+creator's in an ``m.federate: false`` room; roomstream makes only the spec's sender check.
 """
 
 from __future__ import annotations
@@ -206,6 +209,15 @@ def test_auth_rules_agree_with_synapse(version: RoomVersion, data: st.DataObject
     event, theirs_event, state, theirs_state = data.draw(scenarios(version))
     note(f"event: {event.data}")
     note(f"state: {[e.data for e in state]}")
+    create = state[0]
+    assume(
+        not (
+            create.content.get("m.federate", True) is False
+            and event.type == "m.room.member"
+            and event.state_key is not None
+            and event.state_key.partition(":")[2] != create.sender.partition(":")[2]
+        )
+    )
     try:
         synapse_event_auth.check_state_dependent_auth_rules(theirs_event, theirs_state)
         synapse_allows = True

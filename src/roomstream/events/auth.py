@@ -581,15 +581,6 @@ def _check_membership(event: Event, auth_events: Mapping[StateKey, Event], creat
         raise AuthError("m.room.member event content has no membership")
     sender = event.sender
 
-    # As Synapse does (the spec names only the sender): in a room that does not
-    # federate, no membership may name a user of another server either.
-    if create.content.get("m.federate", True) is False and _domain(target) != _domain(
-        create.sender
-    ):
-        raise AuthError(
-            f"room does not federate (m.federate is false) and {target} is not on the "
-            "creator's server"
-        )
     target_membership = _membership_of(target, auth_events)
     sender_membership = _membership_of(sender, auth_events)
     join_rule = _join_rule(auth_events)
