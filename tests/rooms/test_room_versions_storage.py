@@ -5,15 +5,28 @@ and 2 the event ID the PDU carries)."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable, Sequence
+
 import pytest
 from signedjson.types import SigningKey
 
 from roomstream.errors import BadEventError
 from roomstream.events.canonical import encode_canonical_json_fast
 from roomstream.events.format import build_event_dict, finalise_local_event
+from roomstream.events.model import Event
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS
 from roomstream.rooms.engine import RoomEngine
-from tests.support.rooms import ALICE, BOB, REMOTE, SERVER, public_room, remote_join
+from roomstream.state.resolution import resolve_state
+from tests.support.rooms import (
+    ALICE,
+    BOB,
+    REMOTE,
+    SERVER,
+    public_room,
+    remote_event,
+    remote_join,
+)
 
 VERSIONS = sorted(KNOWN_ROOM_VERSIONS, key=int)
 
@@ -81,3 +94,68 @@ async def test_floats_refused_from_version_6(
     tampered = join.raw.replace(b'"depth":', b'"weight":1.5,"depth":')
     with pytest.raises(BadEventError):
         await engine.receive_pdus([tampered])
+
+
+class _StoreEvents:
+    """The engine's stored events as a state resolution store (v1 needs no more)."""
+
+    def __init__(self, engine: RoomEngine) -> None:
+        self.engine = engine
+
+    async def get_events(self, event_ids: Iterable[str]) -> dict[str, Event]:
+        return await self.engine.store.get_events(list(event_ids))
+
+    async def get_auth_chain_difference(
+        self, room_id: str, state_sets: Sequence[set[str]]
+    ) -> set[str]:
+        raise AssertionError("state resolution v1 never asks for auth chains")
+
+
+async def test_a_fork_in_a_version_1_room_merges_with_state_resolution_v1(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    """Bob leaves on one branch and changes his display name on another; Alice's next
+    event merges them, and the state the store records before it is state resolution
+    v1's answer (a store that offers no auth chains is enough for v1)."""
+    room_id = await public_room(engine, "1")
+    join, version, _ = await remote_join(engine, remote_key, room_id)
+    await engine.receive_pdus([join.raw])
+    current = await engine.store.get_current_state(room_id)
+    auth = [
+        current[("m.room.create", "")],
+        current[("m.room.power_levels", "")],
+        current[("m.room.member", BOB)],
+    ]
+    branches = []
+    for content in ({"membership": "leave"}, {"membership": "join", "displayname": "B"}):
+        join_rules = [current[("m.room.join_rules", "")]] if content["membership"] == "join" else []
+        event = remote_event(
+            remote_key,
+            version,
+            room_id,
+            BOB,
+            "m.room.member",
+            content,
+            [join.event_id],
+            auth + join_rules,
+            depth=join.depth + 1,
+            state_key=BOB,
+        )
+        branches.append(event)
+    await engine.receive_pdus([e.raw for e in branches])
+    assert sorted(await engine.store.get_forward_extremities(room_id)) == sorted(
+        e.event_id for e in branches
+    )
+    merge = await engine.creator.create_event(
+        room_id, ALICE, "m.room.topic", {"topic": "merged"}, state_key=""
+    )
+    states = [await engine.store.get_state_at(e.event_id) for e in branches]
+    expected = await resolve_state(room_id, version, states, _StoreEvents(engine))
+    before_merge = await engine.store.get_state_at(merge.event.event_id, before=True)
+    assert before_merge == expected
+    # v1 replays memberships oldest first, equal depths by descending SHA-1 of the ID,
+    # each allowed after the other here: the smallest SHA-1 is applied last and stays.
+    # (v2 would keep the larger event ID, both having the same timestamp.)
+    winner = min(branches, key=lambda e: hashlib.sha1(e.event_id.encode()).hexdigest())
+    assert before_merge[("m.room.member", BOB)] == winner.event_id
+    assert sorted(merge.event.prev_event_ids) == sorted(e.event_id for e in branches)
