@@ -382,3 +382,28 @@ def test_authorising_server_signs_only_from_version_8(version: RoomVersion) -> N
     }
     expected = {"a.example", "b.example"} if version.restricted_join_rule else {"a.example"}
     assert required_signers(join, version) == expected
+
+
+@pytest.mark.parametrize("version_id", ["1", "2"])
+def test_a_template_event_id_of_another_server_is_replaced(version_id: str) -> None:
+    """A make_join template names the resident server in its event ID; the event this
+    server finalises must carry an ID on its own name (it signs it), and one it already
+    named itself is kept."""
+    version = KNOWN_ROOM_VERSIONS[version_id]
+    template = build_event_dict(
+        version,
+        event_type="m.room.member",
+        sender=f"@u:{SERVER}",
+        content={"membership": "join"},
+        prev_events=["$p:resident.example"],
+        auth_events=[],
+        depth=2,
+        room_id="!r:resident.example",
+        state_key=f"@u:{SERVER}",
+    )
+    template["event_id"] = "$fromtemplate:resident.example"
+    event = finalise_local_event(template, version, SERVER, SIGNING_KEY)
+    assert event.event_id.endswith(":" + SERVER) and event.event_id == event.data["event_id"]
+    assert required_signers(event.data, version) == {SERVER}
+    own = dict(template, event_id=f"$mine:{SERVER}")
+    assert finalise_local_event(own, version, SERVER, SIGNING_KEY).event_id == f"$mine:{SERVER}"

@@ -353,13 +353,17 @@ def finalise_local_event(
     Raises ``BadEventError`` if the dict is not a valid PDU (e.g. content with floats in
     a version with strict canonical JSON) or ends up larger than :data:`MAX_PDU_SIZE`.
     Existing signatures (e.g. from a resident server during a restricted join) are kept.
-    Room versions 1 and 2: an ``event_id`` on ``server_name`` is added when the dict has
-    none (before hashing, as the content hash covers it).
+    Room versions 1 and 2: the event gets a fresh ``event_id`` on ``server_name`` (before
+    hashing, as the content hash covers it) unless it already has one on that server; an
+    ID on another server (a ``make_join`` template's) is replaced, as Synapse does, since
+    the server of the ID must sign the event.
     """
     data = dict(event_dict)
     strict = room_version.strict_canonical_json
-    if room_version.event_ids_in_pdu and "event_id" not in data:
-        data["event_id"] = new_event_id(server_name)
+    if room_version.event_ids_in_pdu:
+        existing = data.get("event_id")
+        if not (isinstance(existing, str) and existing.endswith(":" + server_name)):
+            data["event_id"] = new_event_id(server_name)
     check_json_value(data, local=True, strict=strict)
     validate_pdu_fields(data, room_version, local=True)
     add_content_hash(data)
