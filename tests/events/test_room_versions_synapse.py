@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from signedjson.key import generate_signing_key, get_verify_key
 from signedjson.sign import verify_signed_json
 
-from roomstream.errors import BadEventError
+from roomstream.errors import AuthError, BadEventError
+from roomstream.events.auth import check_auth_rules
 from roomstream.events.canonical import encode_canonical_json_fast
 from roomstream.events.format import (
     build_event_dict,
@@ -66,6 +67,7 @@ def test_every_synapse_room_version_flag_matches() -> None:
         assert version.restricted_join_rule_fix == theirs.restricted_join_rule_fix
         assert version.knock_restricted_join_rule == theirs.knock_restricted_join_rule
         assert version.enforce_int_power_levels == theirs.enforce_int_power_levels
+        assert version.strict_event_byte_limits == (theirs.strict_event_byte_limits_room_versions)
         assert version.updated_redaction_rules == theirs.updated_redaction_rules
         assert version.implicit_room_creator == theirs.implicit_room_creator
         assert version.room_id_from_create_event == theirs.msc4291_room_ids_as_hashes
@@ -407,3 +409,41 @@ def test_a_template_event_id_of_another_server_is_replaced(version_id: str) -> N
     assert required_signers(event.data, version) == {SERVER}
     own = dict(template, event_id=f"$mine:{SERVER}")
     assert finalise_local_event(own, version, SERVER, SIGNING_KEY).event_id == f"$mine:{SERVER}"
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=VERSION_IDS)
+def test_long_state_keys_as_synapse_judges_them(version: RoomVersion) -> None:
+    """A state key of 200 two-byte characters (400 bytes): before v11 Synapse accepts it
+    as well formed and stores the event as rejected; from v11 it refuses it outright. So
+    does roomstream (parse, then the auth rules). 256 characters: refused everywhere."""
+    auth_mod = pytest.importorskip("synapse.event_auth")
+    errors = pytest.importorskip("synapse.api.errors")
+    data = build_event_dict(
+        version,
+        event_type="m.room.topic",
+        sender=f"@u:{SERVER}",
+        content={},
+        prev_events=[],
+        auth_events=[],
+        depth=3,
+        room_id="!" + "B" * 43 if version.room_id_from_create_event else f"!r:{SERVER}",
+        state_key="é" * 200,
+    )
+    if version.event_ids_in_pdu:
+        data["event_id"] = f"$long:{SERVER}"
+    synapse_signing.add_hashes_and_signatures(synapse_version(version), data, SERVER, SIGNING_KEY)
+    raw = bytes(synapse_signing.encode_canonical_json(data))
+    theirs = synapse_events.make_event_from_dict(dict(data), synapse_version(version))
+    with pytest.raises(errors.EventSizeError) as info:
+        auth_mod.validate_event_for_room_version(theirs)
+    if version.strict_event_byte_limits:
+        assert info.value.unpersistable
+        with pytest.raises(BadEventError, match="255 bytes"):
+            parse_pdu(raw, version)
+    else:
+        assert not info.value.unpersistable
+        parsed = parse_pdu(raw, version)
+        with pytest.raises(AuthError, match="state_key is longer than 255 bytes"):
+            check_auth_rules(parsed, {})
+    with pytest.raises(BadEventError):
+        _local(version, event_type="m.room.topic", state_key="é" * 256, content={})

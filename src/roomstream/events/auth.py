@@ -44,7 +44,7 @@ from roomstream.errors import AuthError
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from roomstream.events.types import EventTypes
-from roomstream.grammar import is_user_id
+from roomstream.grammar import MAX_ID_BYTES, is_user_id, utf8_length
 
 __all__ = [
     "auth_types_for_event",
@@ -461,6 +461,11 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
     what level, which key) in its message.
     """
     version = event.room_version
+    if not version.strict_event_byte_limits:
+        # v1-v10: well formed up to 255 code points, but over 255 bytes is rejected.
+        for name, value in (("type", event.type), ("state_key", event.state_key)):
+            if value is not None and utf8_length(value) > MAX_ID_BYTES:
+                raise AuthError(f"{name} is longer than {MAX_ID_BYTES} bytes")
     if event.type == EventTypes.CREATE:
         _check_create(event)
         return

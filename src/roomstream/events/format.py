@@ -101,6 +101,15 @@ def _check_length(name: str, value: str) -> None:
         raise EventTooLargeError(f"'{name}' is longer than {MAX_KEY_BYTES} bytes")
 
 
+def _check_lenient_length(name: str, value: str, room_version: RoomVersion) -> None:
+    """``type`` and ``state_key``: before room version 11 only over 255 code points is
+    malformed (the auth rules reject what is over 255 bytes); from v11 over 255 bytes."""
+    if room_version.strict_event_byte_limits:
+        _check_length(name, value)
+    elif len(value) > MAX_KEY_BYTES:
+        raise EventTooLargeError(f"'{name}' is longer than {MAX_KEY_BYTES} code points")
+
+
 def _check_event_id_list(data: Mapping[str, Any], key: str, room_version: RoomVersion) -> None:
     value = data.get(key)
     if type(value) is not list:
@@ -151,7 +160,7 @@ def validate_pdu_fields(
     event_type = data.get("type")
     if type(event_type) is not str:
         raise _bad("'type' must be a string")
-    _check_length("type", event_type)
+    _check_lenient_length("type", event_type, room_version)
 
     sender = data.get("sender")
     if type(sender) is not str:
@@ -183,7 +192,7 @@ def validate_pdu_fields(
         state_key = data["state_key"]
         if type(state_key) is not str:
             raise _bad("'state_key' must be a string when present")
-        _check_length("state_key", state_key)
+        _check_lenient_length("state_key", state_key, room_version)
 
     content = data.get("content")
     if type(content) is not dict:

@@ -22,6 +22,9 @@ flag                                      versions
                                           ``join_authorised_via_users_server``)
 ``knock_restricted_join_rule``            v10+
 ``enforce_int_power_levels``              v10+
+``strict_event_byte_limits``              v11+ (before: ``type`` and ``state_key``
+                                          over 255 bytes but not 255 code points
+                                          are accepted, then rejected by the rules)
 ``updated_redaction_rules``               v11+
 ``implicit_room_creator``                 v11+
 ``room_id_from_create_event``             v12
@@ -92,6 +95,10 @@ class RoomVersion:
     knock_restricted_join_rule: bool = True
     #: v10+: power levels must be integers; before, strings such as ``"50"`` count.
     enforce_int_power_levels: bool = True
+    #: v11+: ``type`` and ``state_key`` over 255 UTF-8 bytes make a PDU malformed. Before,
+    #: only over 255 code points do; one between the two is well formed but rejected by
+    #: the auth rules (stored as rejected, as Synapse does, so the DAG stays whole).
+    strict_event_byte_limits: bool = True
 
     @property
     def event_ids_in_pdu(self) -> bool:
@@ -99,7 +106,9 @@ class RoomVersion:
         return self.event_id_format is EventIdFormat.SERVER_PART
 
 
-ROOM_V10 = RoomVersion("10", StateResolutionAlgorithm.V2, False, False, False, False)
+ROOM_V10 = RoomVersion(
+    "10", StateResolutionAlgorithm.V2, False, False, False, False, strict_event_byte_limits=False
+)
 ROOM_V11 = RoomVersion("11", StateResolutionAlgorithm.V2, True, True, False, False)
 ROOM_V12 = RoomVersion("12", StateResolutionAlgorithm.V2_1, True, True, True, True)
 ROOM_V9 = replace(
