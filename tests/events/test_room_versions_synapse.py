@@ -447,3 +447,6 @@ def test_long_state_keys_as_synapse_judges_them(version: RoomVersion) -> None:
             check_auth_rules(parsed, {})
     with pytest.raises(BadEventError):
         _local(version, event_type="m.room.topic", state_key="é" * 256, content={})
+    # This server never builds an event only for it to be rejected.
+    with pytest.raises(BadEventError, match="255 bytes"):
+        _local(version, event_type="m.room.topic", state_key="é" * 200, content={})

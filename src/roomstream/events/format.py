@@ -101,10 +101,11 @@ def _check_length(name: str, value: str) -> None:
         raise EventTooLargeError(f"'{name}' is longer than {MAX_KEY_BYTES} bytes")
 
 
-def _check_lenient_length(name: str, value: str, room_version: RoomVersion) -> None:
+def _check_lenient_length(name: str, value: str, room_version: RoomVersion, local: bool) -> None:
     """``type`` and ``state_key``: before room version 11 only over 255 code points is
-    malformed (the auth rules reject what is over 255 bytes); from v11 over 255 bytes."""
-    if room_version.strict_event_byte_limits:
+    malformed (the auth rules reject what is over 255 bytes); from v11, and for events
+    made here (which must never be built only to be rejected), over 255 bytes."""
+    if room_version.strict_event_byte_limits or local:
         _check_length(name, value)
     elif len(value) > MAX_KEY_BYTES:
         raise EventTooLargeError(f"'{name}' is longer than {MAX_KEY_BYTES} code points")
@@ -160,7 +161,7 @@ def validate_pdu_fields(
     event_type = data.get("type")
     if type(event_type) is not str:
         raise _bad("'type' must be a string")
-    _check_lenient_length("type", event_type, room_version)
+    _check_lenient_length("type", event_type, room_version, local)
 
     sender = data.get("sender")
     if type(sender) is not str:
@@ -192,7 +193,7 @@ def validate_pdu_fields(
         state_key = data["state_key"]
         if type(state_key) is not str:
             raise _bad("'state_key' must be a string when present")
-        _check_lenient_length("state_key", state_key, room_version)
+        _check_lenient_length("state_key", state_key, room_version, local)
 
     content = data.get("content")
     if type(content) is not dict:
