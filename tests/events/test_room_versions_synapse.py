@@ -404,6 +404,20 @@ def test_a_template_event_id_of_another_server_is_replaced(version_id: str) -> N
         state_key=f"@u:{SERVER}",
     )
     template["event_id"] = "$fromtemplate:resident.example"
+    # A template's references are pairs already: building from them keeps them.
+    rebuilt = build_event_dict(
+        version,
+        event_type="m.room.member",
+        sender=f"@u:{SERVER}",
+        content={"membership": "join"},
+        prev_events=template["prev_events"],
+        auth_events=[["$a:resident.example", {"sha256": "aGFzaA"}]],
+        depth=2,
+        room_id="!r:resident.example",
+        state_key=f"@u:{SERVER}",
+    )
+    assert rebuilt["prev_events"] == [["$p:resident.example", {}]]
+    assert rebuilt["auth_events"] == [["$a:resident.example", {"sha256": "aGFzaA"}]]
     event = finalise_local_event(template, version, SERVER, SIGNING_KEY)
     assert event.event_id.endswith(":" + SERVER) and event.event_id == event.data["event_id"]
     assert required_signers(event.data, version) == {SERVER}

@@ -280,8 +280,8 @@ def build_event_dict(
     event_type: str,
     sender: str,
     content: Mapping[str, Any],
-    prev_events: Sequence[str],
-    auth_events: Sequence[str],
+    prev_events: Sequence[str | Sequence[Any]],
+    auth_events: Sequence[str | Sequence[Any]],
     depth: int,
     room_id: str | None = None,
     state_key: str | None = None,
@@ -295,7 +295,9 @@ def build_event_dict(
     Room versions 1 and 2 name prev and auth events as ``[event_id, {"sha256": hash}]``
     pairs: ``reference_hashes`` maps event IDs to their unpadded base64 reference hashes
     (:func:`reference_hash_of`); an ID it lacks gets ``{}`` (receivers do not check these
-    hashes). Their ``event_id`` is added by :func:`finalise_local_event`.
+    hashes), and a reference given as a pair already (as a ``make_join`` template lists
+    them) is kept. Their ``event_id`` is added by :func:`finalise_local_event`. In v3+
+    references are event IDs.
 
     ``room_id`` must be given except for a v12 ``m.room.create`` event, where it must not
     be (the room ID is derived from the create event's ID afterwards, see
@@ -333,12 +335,19 @@ def build_event_dict(
 
 
 def _event_references(
-    event_ids: Sequence[str], room_version: RoomVersion, hashes: Mapping[str, str] | None
+    references: Sequence[str | Sequence[Any]],
+    room_version: RoomVersion,
+    hashes: Mapping[str, str] | None,
 ) -> list[Any]:
+    """The ``prev_events``/``auth_events`` value: the IDs (v3+), or v1/v2 pairs. A v1/v2
+    reference already given as a pair (a ``make_join`` template's) is kept as it is."""
     if not room_version.event_ids_in_pdu:
-        return list(event_ids)
+        return list(references)
     known = hashes or {}
-    return [[e, {"sha256": known[e]} if e in known else {}] for e in event_ids]
+    return [
+        [r, {"sha256": known[r]} if r in known else {}] if isinstance(r, str) else list(r)
+        for r in references
+    ]
 
 
 def reference_hash_of(event: Event) -> str:
