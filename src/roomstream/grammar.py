@@ -253,6 +253,18 @@ def is_hashed_event_id(value: str, *, url_safe: bool) -> bool:
     return _HASHED_EVENT_ID_RES[url_safe].fullmatch(value) is not None
 
 
+_EVENT_ID_WITH_SERVER_RE: Final = re.compile(rf"\$[^:\x00]+:{_SERVER_NAME}")
+
+
+def is_event_id_with_server(value: str) -> bool:
+    """Whether ``value`` is an event ID of room versions 1 and 2: ``$opaque_id:server_name``
+    (the opaque part any characters but ``:`` and NUL, at most 255 bytes in all). The
+    server part is the server that must have signed the event."""
+    return (
+        utf8_length(value) <= MAX_ID_BYTES and _EVENT_ID_WITH_SERVER_RE.fullmatch(value) is not None
+    )
+
+
 def is_event_id(value: object) -> bool:
     """Received, lenient: whether ``value`` may be an event ID referenced by an event
     (``prev_events``, ``auth_events``, ``redacts``): ``$`` and at most 255 bytes.

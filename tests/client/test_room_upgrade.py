@@ -122,7 +122,7 @@ async def test_upgrade_input_errors(homeserver: Homeserver) -> None:
     cases = [
         (room_id, {}, alice, 400, "M_MISSING_PARAM"),
         (room_id, {"new_version": 12}, alice, 400, "M_BAD_JSON"),
-        (room_id, {"new_version": "9"}, alice, 400, "M_UNSUPPORTED_ROOM_VERSION"),
+        (room_id, {"new_version": "13"}, alice, 400, "M_UNSUPPORTED_ROOM_VERSION"),
         ("!unknown:test.local", {"new_version": "12"}, alice, 404, "M_NOT_FOUND"),
         (room_id, {"new_version": "12"}, bob, 403, "M_FORBIDDEN"),
     ]

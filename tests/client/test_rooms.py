@@ -68,7 +68,7 @@ async def test_room_versions_and_bad_create_bodies(homeserver: Homeserver) -> No
         stored = await homeserver.engine.store.get_room_version(room["room_id"])
         assert stored is not None and stored.identifier == version
     status, body = await homeserver.call(
-        "POST", "/createRoom", {"room_version": "1"}, token=alice.token
+        "POST", "/createRoom", {"room_version": "13"}, token=alice.token
     )
     assert (status, body["errcode"]) == (400, "M_UNSUPPORTED_ROOM_VERSION")
     status, body = await homeserver.call(

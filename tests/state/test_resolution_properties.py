@@ -83,8 +83,10 @@ def spec_for(name: str, move: Move) -> E:
     return E(name, actor, JOIN_RULES, "", {"join_rule": rule})
 
 
-async def play(version: RoomVersion, script: Sequence[Move]) -> RoomDag:
-    dag = RoomDag(version)
+async def play(
+    version: RoomVersion, script: Sequence[Move], *, hashed_ids: bool = False
+) -> RoomDag:
+    dag = RoomDag(version, hashed_ids=hashed_ids)
     prevs = {c: [p] for c, p in itertools.pairwise(INITIAL_EDGES[0])}
     for spec in INITIAL_EVENTS:
         await dag.add(spec, prevs.get(spec.name, []))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roomstream.events.auth import auth_types_for_event, check_auth_rules
+from roomstream.events.hashing import compute_event_id
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion
 from roomstream.state.resolution import (
@@ -90,19 +91,26 @@ END = E("END", ZARA, MESSAGE, None, {"body": "end"})
 
 
 class RoomDag:
-    """Builds a room DAG event by event, tracking the state after every event."""
+    """Builds a room DAG event by event, tracking the state after every event.
 
-    def __init__(self, version: RoomVersion) -> None:
+    Event IDs are readable (``$NAME``) unless ``hashed_ids``: then, from room version 3,
+    they are the real reference hashes (and v12's room ID the create event's), so that
+    another implementation computing IDs from the events (Synapse) agrees with them.
+    """
+
+    def __init__(self, version: RoomVersion, *, hashed_ids: bool = False) -> None:
         self.version = version
+        self.hashed_ids = hashed_ids and not version.event_ids_in_pdu
+        self._ids: dict[str, str] = {}
+        self._names: dict[str, str] = {}
         self.store = InMemoryStateResolutionStore()
         self.room_id = "!CREATE" if version.room_id_from_create_event else "!room:example.com"
         self.events: dict[str, Event] = {}
         self.state_after: dict[str, dict[StateKey, str]] = {}
         self.ts = 1_000
 
-    @staticmethod
-    def event_id(name: str) -> str:
-        return f"${name}"
+    def event_id(self, name: str) -> str:
+        return self._ids.get(name, f"${name}")
 
     def adapt_content(self, spec: E) -> dict[str, Any]:
         content = dict(spec.content)
@@ -141,8 +149,20 @@ class RoomDag:
         }
         if spec.state_key is not None:
             data["state_key"] = spec.state_key
+        if self.version.event_ids_in_pdu:
+            # Room versions 1 and 2: the ID is in the PDU, references are pairs.
+            data["event_id"] = self.event_id(spec.name)
+            data["prev_events"] = [[e, {}] for e in data["prev_events"]]
+            data["auth_events"] = [[e, {}] for e in data["auth_events"]]
         if not (spec.type == CREATE and self.version.room_id_from_create_event):
             data["room_id"] = self.room_id
+        if self.hashed_ids:
+            data["hashes"] = {"sha256": ""}
+            data["signatures"] = {}
+            self._ids[spec.name] = compute_event_id(data, self.version)
+            self._names[self._ids[spec.name]] = spec.name
+            if spec.type == CREATE and self.version.room_id_from_create_event:
+                self.room_id = "!" + self._ids[spec.name][1:]
         event = Event(data, self.version, self.event_id(spec.name))
 
         if check:
@@ -160,4 +180,4 @@ class RoomDag:
         return event
 
     def store_event(self, event_id: str) -> Event:
-        return self.events[event_id[1:]]
+        return self.events[self._names.get(event_id, event_id[1:])]

@@ -1,4 +1,4 @@
-"""The authorization rules for room versions 10, 11 and 12, as pure functions.
+"""The authorization rules for room versions 1 to 12, as pure functions.
 
 Nothing here touches storage, the clock or the network: every function decides from the
 event in question and the auth events (a map from ``(type, state_key)`` to the event
@@ -10,6 +10,24 @@ Rule numbers in comments follow the room version pages of the Matrix specificati
 membership rules 4, ... power levels 9; ``v12`` inserts its room ID rule as 2, so from
 there on its numbers are one higher (membership 5, power levels 10). Comments cite both
 where they differ, e.g. "rule 4.3.2 (v12: 5.3.2)".
+
+Room versions 1 to 9 differ from v10 in these places only (each a ``RoomVersion`` flag;
+Synapse's ``event_auth`` branches on the same flags):
+
+- v1-v5 (``special_case_aliases_auth``): ``m.room.aliases`` is allowed iff its state key
+  is the sender's server name, before the membership and power rules are consulted;
+- v1, v2 (``event_ids_in_pdu``): an ``m.room.redaction`` by a sender below the redact
+  level is allowed only when its event ID and the redacted event's ID have the same
+  server part (from v3 who may redact is decided when the redaction is applied);
+- v1-v5 (not ``limit_notifications_power_levels``): changes to ``notifications`` levels
+  are not checked against the sender's level;
+- v1-v6 (not ``knock_join_rule``): no ``knock`` membership or join rule;
+- v1-v7 (not ``restricted_join_rule``): no ``restricted`` join rule, and
+  ``join_authorised_via_users_server`` is not an auth event; v8, v9 have no
+  ``knock_restricted`` (``knock_restricted_join_rule``, v10);
+- v1-v9 (not ``enforce_int_power_levels``): power levels may be any JSON value Python's
+  ``int()`` accepts (``"50"``, ``50.0``, ``true``), as Synapse reads them; a value it does
+  not accept is refused in a power levels event being authorised.
 
 Out of scope (checked elsewhere, before these rules run): event format and size,
 signatures of the sender's server, and -- rule 4.2 (v12: 5.2) -- the signature of the
@@ -26,7 +44,7 @@ from roomstream.errors import AuthError
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from roomstream.events.types import EventTypes
-from roomstream.grammar import is_user_id
+from roomstream.grammar import MAX_ID_BYTES, is_user_id, utf8_length
 
 __all__ = [
     "auth_types_for_event",
@@ -109,6 +127,28 @@ def _level(value: object, default: int) -> int:
     return value if type(value) is int else default
 
 
+def _legacy_int(value: object) -> int | None:
+    """A power level as room versions 1 to 9 read it: what Python's ``int()`` makes of
+    the value (strings of digits, floats truncated, booleans), as Synapse computes it;
+    ``None`` for anything ``int()`` refuses (objects, arrays, null, non-numeric text)."""
+    if type(value) is int:
+        return value
+    if isinstance(value, (bool, float, str)):
+        try:
+            return int(value)
+        except (ValueError, OverflowError):
+            return None
+    return None
+
+
+def _level_in(value: object, default: int, version: RoomVersion) -> int:
+    """A power level value under ``version``'s rules, or ``default`` if absent or unusable."""
+    if version.enforce_int_power_levels:
+        return _level(value, default)
+    level = _legacy_int(value)
+    return default if level is None else level
+
+
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -159,7 +199,7 @@ def get_named_level(auth_events: Mapping[StateKey, Event], name: str) -> int:
     power_levels = auth_events.get(POWER_LEVELS_KEY)
     if power_levels is None:
         return default
-    return _level(power_levels.content.get(name), default)
+    return _level_in(power_levels.content.get(name), default, power_levels.room_version)
 
 
 def get_user_power_level(user_id: str, auth_events: Mapping[StateKey, Event]) -> int | float:
@@ -187,8 +227,11 @@ def get_user_power_level(user_id: str, auth_events: Mapping[StateKey, Event]) ->
     power_levels = auth_events.get(POWER_LEVELS_KEY)
     if power_levels is not None:
         content = power_levels.content
-        users_default = _level(content.get("users_default"), DEFAULT_LEVELS["users_default"])
-        return _level(_mapping(content.get("users")).get(user_id), users_default)
+        version = power_levels.room_version
+        users_default = _level_in(
+            content.get("users_default"), DEFAULT_LEVELS["users_default"], version
+        )
+        return _level_in(_mapping(content.get("users")).get(user_id), users_default, version)
     if create is not None and user_id in _creators_of(create):
         return IMPLICIT_CREATOR_LEVEL
     return 0
@@ -201,13 +244,19 @@ def get_send_level(event_type: str, state_key: str | None, power_levels: Event |
     (default 50) for state events, ``events_default`` (default 0) for others. Absent a
     power levels event the defaults apply unchanged: 50 for state, 0 otherwise.
     """
-    content: Mapping[str, Any] = power_levels.content if power_levels is not None else {}
+    if power_levels is None:
+        return DEFAULT_LEVELS["state_default" if state_key is not None else "events_default"]
+    content = power_levels.content
+    version = power_levels.room_version
     specific = _mapping(content.get("events")).get(event_type)
-    if _is_int(specific):
-        return specific
+    if version.enforce_int_power_levels:
+        if _is_int(specific):
+            return specific
+    elif specific is not None and (legacy := _legacy_int(specific)) is not None:
+        return legacy
     if state_key is not None:
-        return _level(content.get("state_default"), DEFAULT_LEVELS["state_default"])
-    return _level(content.get("events_default"), DEFAULT_LEVELS["events_default"])
+        return _level_in(content.get("state_default"), DEFAULT_LEVELS["state_default"], version)
+    return _level_in(content.get("events_default"), DEFAULT_LEVELS["events_default"], version)
 
 
 def _membership_of(user_id: str, auth_events: Mapping[StateKey, Event]) -> str | None:
@@ -273,7 +322,7 @@ def auth_types_for_event(
             token = _third_party_invite_token(content)
             if token is not None:
                 add((EventTypes.THIRD_PARTY_INVITE, token))
-        if membership == JOIN:
+        if membership == JOIN and room_version.restricted_join_rule:
             authoriser = content.get(AUTHORISING_USER)
             if isinstance(authoriser, str):
                 add((EventTypes.MEMBER, authoriser))
@@ -412,6 +461,11 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
     what level, which key) in its message.
     """
     version = event.room_version
+    if not version.strict_event_byte_limits:
+        # v1-v10: well formed up to 255 code points, but over 255 bytes is rejected.
+        for name, value in (("type", event.type), ("state_key", event.state_key)):
+            if value is not None and utf8_length(value) > MAX_ID_BYTES:
+                raise AuthError(f"{name} is longer than {MAX_ID_BYTES} bytes")
     if event.type == EventTypes.CREATE:
         _check_create(event)
         return
@@ -445,6 +499,17 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
             f"room does not federate (m.federate is false) and {event.sender} is not on "
             "the creator's server"
         )
+
+    # v1-v5 rule 4: m.room.aliases belongs to the server named by its state key.
+    if event.type == EventTypes.ALIASES and version.special_case_aliases_auth:
+        if not event.state_key:
+            raise AuthError("m.room.aliases event must have a non-empty state_key")
+        if event.state_key != _domain(event.sender):
+            raise AuthError(
+                f"m.room.aliases state_key {event.state_key} is not the server of the "
+                f"sender {event.sender}"
+            )
+        return
 
     # Rule 4 (v12: 5).
     if event.type == EventTypes.MEMBER:
@@ -492,8 +557,22 @@ def check_auth_rules(event: Event, auth_events: Mapping[StateKey, Event]) -> Non
     if event.type == EventTypes.POWER_LEVELS:
         _check_power_levels(event, auth_events, create, sender_level)
 
-    # Rule 10 (v12: 11): otherwise, allow. Redactions are allowed here like any event;
-    # whether they take effect is can_redact's question.
+    # v1, v2 rule 10: a redaction from below the redact level must come from the server
+    # of the event it redacts (judged by the servers in the two event IDs).
+    if event.type == EventTypes.REDACTION and version.event_ids_in_pdu:
+        redacts = event.redacts
+        if (
+            isinstance(redacts, str)
+            and sender_level < get_named_level(auth_events, "redact")
+            and _domain(event.event_id) != _domain(redacts)
+        ):
+            raise AuthError(
+                f"{event.sender} (power level {sender_level}) is below the redact level "
+                f"and {event.event_id} is not from the server of {redacts}"
+            )
+
+    # Rule 10 (v12: 11): otherwise, allow. Redactions are allowed here like any event
+    # (v3 and later); whether they take effect is redaction_applies' question.
 
 
 def _check_membership(event: Event, auth_events: Mapping[StateKey, Event], create: Event) -> None:
@@ -510,6 +589,13 @@ def _check_membership(event: Event, auth_events: Mapping[StateKey, Event], creat
     target_membership = _membership_of(target, auth_events)
     sender_membership = _membership_of(sender, auth_events)
     join_rule = _join_rule(auth_events)
+    version = event.room_version
+    # Join rules of later room versions mean nothing (admit nobody) in earlier ones.
+    invite_rules = (INVITE, KNOCK) if version.knock_join_rule else (INVITE,)
+    restricted_rules = ((RESTRICTED,) if version.restricted_join_rule else ()) + (
+        (KNOCK_RESTRICTED,) if version.knock_restricted_join_rule else ()
+    )
+    knock_rules = (KNOCK, KNOCK_RESTRICTED) if version.knock_restricted_join_rule else (KNOCK,)
 
     if membership == JOIN:
         # 4.3.1: the creator's own join, straight after the create event.
@@ -523,14 +609,14 @@ def _check_membership(event: Event, auth_events: Mapping[StateKey, Event], creat
         if target_membership == BAN:
             raise AuthError(f"{sender} is banned from the room and cannot join")
         # 4.3.4: invite-only and knock rooms need an invite (or are a no-op re-join).
-        if join_rule in (INVITE, KNOCK):
+        if join_rule in invite_rules:
             if target_membership in (INVITE, JOIN):
                 return
             raise AuthError(
                 f"{sender} cannot join: join rule is {join_rule} and they are not invited"
             )
         # 4.3.5: restricted rooms admit the invited, or whoever a suitable member vouches for.
-        if join_rule in (RESTRICTED, KNOCK_RESTRICTED):
+        if join_rule in restricted_rules:
             if target_membership in (INVITE, JOIN):
                 return
             _check_authorising_user(event, auth_events, join_rule)
@@ -565,7 +651,9 @@ def _check_membership(event: Event, auth_events: Mapping[StateKey, Event], creat
     if membership == LEAVE:
         # 4.5.1: leaving yourself: rejecting an invite, rescinding a knock, or leaving.
         if sender == target:
-            if target_membership in (INVITE, JOIN, KNOCK):
+            if target_membership in (INVITE, JOIN) or (
+                target_membership == KNOCK and version.knock_join_rule
+            ):
                 return
             raise AuthError(
                 f"{sender} cannot leave: current membership is {target_membership or 'none'}"
@@ -615,9 +703,9 @@ def _check_membership(event: Event, auth_events: Mapping[StateKey, Event], creat
             )
         return
 
-    if membership == KNOCK:
-        # 4.7.1: knocking is only for rooms that invite it.
-        if join_rule not in (KNOCK, KNOCK_RESTRICTED):
+    if membership == KNOCK and version.knock_join_rule:
+        # 4.7.1: knocking is only for rooms that invite it (v7+; knock_restricted v10+).
+        if join_rule not in knock_rules:
             raise AuthError(f"{sender} cannot knock: join rule is {join_rule}, not knock")
         # 4.7.2
         if sender != target:
@@ -753,18 +841,27 @@ def _check_power_levels(
     create: Event,
     sender_level: int | float,
 ) -> None:
-    """Rule 9 (v12: 10): ``m.room.power_levels``."""
+    """Rule 9 (v12: 10): ``m.room.power_levels``.
+
+    v10+ levels must be integers. v1-v9 levels are read with :func:`_legacy_int`, and
+    one it cannot read is refused wherever a rule must read it (every ``users`` value,
+    and any value that changes), since Synapse fails on those.
+    """
     content = event.content
-    # 9.1: the named levels are integers (v10+: no more stringy levels).
-    for name in _NAMED_LEVELS:
-        if name in content and not _is_int(content[name]):
-            raise AuthError(f"power levels {name} must be an integer, not {content[name]!r}")
-    # 9.2
-    for name in _LEVEL_MAPS:
-        if name in content:
-            value = content[name]
-            if not isinstance(value, Mapping) or not all(_is_int(v) for v in value.values()):
-                raise AuthError(f"power levels {name} must be an object of integers")
+    version = event.room_version
+    strict = version.enforce_int_power_levels
+    level_maps = _LEVEL_MAPS if version.limit_notifications_power_levels else ("events",)
+    if strict:
+        # 9.1: the named levels are integers (v10+: no more stringy levels).
+        for name in _NAMED_LEVELS:
+            if name in content and not _is_int(content[name]):
+                raise AuthError(f"power levels {name} must be an integer, not {content[name]!r}")
+        # 9.2
+        for name in _LEVEL_MAPS:
+            if name in content:
+                value = content[name]
+                if not isinstance(value, Mapping) or not all(_is_int(v) for v in value.values()):
+                    raise AuthError(f"power levels {name} must be an object of integers")
     # 9.3
     users = content.get("users", {})
     if not isinstance(users, Mapping):
@@ -772,10 +869,10 @@ def _check_power_levels(
     for user_id, value in users.items():
         if not is_user_id(user_id):
             raise AuthError(f"power levels users key {user_id!r} is not a valid user ID")
-        if not _is_int(value):
+        if not (_is_int(value) if strict else _legacy_int(value) is not None):
             raise AuthError(f"power levels users[{user_id}] must be an integer, not {value!r}")
     # v12 10.4 (MSC4289): creators' power is fixed and infinite, so they cannot be listed.
-    if event.room_version.privileged_creators:
+    if version.privileged_creators:
         listed = sorted(set(users) & _creators_of(create))
         if listed:
             raise AuthError(f"power levels users must not list room creators: {listed}")
@@ -787,57 +884,57 @@ def _check_power_levels(
     old = current.content
     sender = event.sender
 
-    # 9.5: named levels: you may only move levels that are, and stay, within your reach.
-    for name in _NAMED_LEVELS:
-        old_value, new_value = old.get(name), content.get(name)
-        if old_value == new_value:
-            continue
-        if _is_int(old_value) and old_value > sender_level:
-            raise AuthError(
-                f"{sender} (power level {sender_level}) cannot change {name} from "
-                f"{old_value}, which is above their own level"
-            )
-        if _is_int(new_value) and new_value > sender_level:
-            raise AuthError(
-                f"{sender} (power level {sender_level}) cannot set {name} to {new_value}, "
-                "above their own level"
-            )
+    def read(where: Mapping[str, Any], key: str) -> int | None:
+        """The level at ``key`` (None if absent); v1-v9 refuse an unreadable one."""
+        if key not in where:
+            return None
+        value = where[key]
+        level = value if _is_int(value) else None if strict else _legacy_int(value)
+        if level is None and not strict:
+            raise AuthError(f"power level {key} is not an integer: {value!r}")
+        return level
 
-    # 9.6 / 9.7: event and notification levels, likewise.
-    for map_name in _LEVEL_MAPS:
-        old_map, new_map = _mapping(old.get(map_name)), _mapping(content.get(map_name))
-        for key in sorted(set(old_map) | set(new_map)):
-            old_value, new_value = old_map.get(key), new_map.get(key)
-            if old_value == new_value:
-                continue
-            if _is_int(old_value) and old_value > sender_level:
-                raise AuthError(
-                    f"{sender} (power level {sender_level}) cannot change {map_name}[{key}] "
-                    f"from {old_value}, which is above their own level"
-                )
-            if _is_int(new_value) and new_value > sender_level:
-                raise AuthError(
-                    f"{sender} (power level {sender_level}) cannot set {map_name}[{key}] to "
-                    f"{new_value}, above their own level"
-                )
-
-    # 9.8 / 9.9: users. Others at or above your level are out of reach (you may lower
-    # yourself); nobody may be raised above you.
-    old_users = _mapping(old.get("users"))
-    for user_id in sorted(set(old_users) | set(users)):
-        old_value, new_value = old_users.get(user_id), users.get(user_id)
+    def check(where: str, key: str, old_map: Mapping[str, Any], new_map: Mapping[str, Any]) -> None:
+        old_value, new_value = read(old_map, key), read(new_map, key)
         if old_value == new_value:
-            continue
-        if user_id != sender and _is_int(old_value) and old_value >= sender_level:
+            return
+        # 9.8: others at or above your level are out of reach (you may lower yourself).
+        if (
+            where == "users"
+            and key != sender
+            and old_value is not None
+            and (old_value >= sender_level)
+        ):
             raise AuthError(
                 f"{sender} (power level {sender_level}) cannot change the level of "
-                f"{user_id}, whose current level {old_value} is not below their own"
+                f"{key}, whose current level {old_value} is not below their own"
             )
-        if _is_int(new_value) and new_value > sender_level:
+        # 9.5-9.7, 9.9: levels you may only move if they are, and stay, within your reach.
+        label = key if not where else f"{where}[{key}]"
+        if old_value is not None and old_value > sender_level:
             raise AuthError(
-                f"{sender} (power level {sender_level}) cannot set the level of {user_id} "
-                f"to {new_value}, above their own level"
+                f"{sender} (power level {sender_level}) cannot change {label} from "
+                f"{old_value}, which is above their own level"
             )
+        if new_value is not None and new_value > sender_level:
+            target = f"the level of {key}" if where == "users" else label
+            raise AuthError(
+                f"{sender} (power level {sender_level}) cannot set {target} to "
+                f"{new_value}, above their own level"
+            )
+
+    # 9.5: named levels.
+    for name in _NAMED_LEVELS:
+        check("", name, old, content)
+    # 9.6 / 9.7: event and (v6+) notification levels, likewise.
+    for map_name in level_maps:
+        old_map, new_map = _mapping(old.get(map_name)), _mapping(content.get(map_name))
+        for key in sorted(set(old_map) | set(new_map)):
+            check(map_name, key, old_map, new_map)
+    # 9.8 / 9.9: users.
+    old_users = _mapping(old.get("users"))
+    for user_id in sorted(set(old_users) | set(users)):
+        check("users", user_id, old_users, users)
 
 
 # --------------------------------------------------------------------------------------

@@ -24,11 +24,19 @@ parser is the authority; the ``orjson`` fast path only ever accepts what it acce
 * duplicate keys in any object                          -> ``M_BAD_JSON``
 * lone UTF-16 surrogate escapes (``"\\ud800"``)         -> ``M_BAD_JSON``
 * nesting deeper than :data:`MAX_NESTING_DEPTH`          -> ``M_BAD_JSON``
+
+Room versions 1 to 5 predate strict canonical JSON (``RoomVersion.strict_canonical_json``):
+their events may hold floats and integers of any size. Every function here takes
+``strict=False`` for them: such numbers are then accepted (NaN and the infinities never
+are, nor duplicate keys, lone surrogates or excessive nesting), and a value holding one
+is encoded by :mod:`canonicaljson`, the encoder Synapse hashes and signs with (floats as
+Python's ``repr``), so that event IDs and signatures agree with it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, NoReturn
 
 import canonicaljson
@@ -58,8 +66,10 @@ def _bad(message: str) -> NoReturn:
     raise MalformedEventError(message)
 
 
-def check_json_value(value: object, *, local: bool = False) -> None:
+def check_json_value(value: object, *, local: bool = False, strict: bool = True) -> None:
     """Check that ``value`` is representable as canonical JSON, or raise ``M_BAD_JSON``.
+
+    ``strict=False`` (room versions 1 to 5): integers of any size and finite floats pass.
 
     Iterative (no recursion), breadth first so that nesting depth is known. With
     ``local=True`` (values built in-process rather than decoded) it also checks object
@@ -85,8 +95,11 @@ def check_json_value(value: object, *, local: bool = False) -> None:
                 has_container = True
                 extend(v)
             elif t is int:
-                if not MIN_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
+                if strict and not MIN_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
                     _bad("integers must be within [-(2**53)+1, 2**53-1]")
+            elif t is float and not strict:
+                if not math.isfinite(v):
+                    _bad("NaN and infinite numbers are not JSON")
             elif t is float:
                 # Large integers also arrive here: orjson turns integers beyond 64 bits
                 # into floats, so the message covers both.
@@ -116,14 +129,27 @@ def encode_canonical_json(value: object) -> bytes:
         _bad(f"value cannot be encoded as canonical JSON: {e}")
 
 
-def encode_canonical_json_fast(value: object) -> bytes:
+def encode_canonical_json_fast(value: object, *, strict: bool = True) -> bytes:
     """Encode ``value`` as canonical JSON using orjson; same bytes as the reference encoder.
 
     Validates like :func:`encode_canonical_json`. orjson's ``OPT_SORT_KEYS`` sorts by
     code point (identical to UTF-8 byte order) and its escaping of ``"``, ``\\`` and
     control characters matches Python's ``json`` with ``ensure_ascii=False``.
+
+    ``strict=False``: a value with floats or integers outside the canonical range (room
+    versions 1 to 5) is encoded by :mod:`canonicaljson` instead; others as above.
     """
-    check_json_value(value, local=True)
+    if strict:
+        check_json_value(value, local=True)
+        return _orjson_canonical(value)
+    try:
+        check_json_value(value, local=True)
+    except MalformedEventError:
+        check_json_value(value, local=True, strict=False)
+        try:
+            return bytes(canonicaljson.encode_canonical_json(value))
+        except (UnicodeEncodeError, ValueError) as e:
+            _bad(f"value cannot be encoded as canonical JSON: {e}")
     return _orjson_canonical(value)
 
 
@@ -163,16 +189,22 @@ _STRICT_DECODER = json.JSONDecoder(
     parse_constant=_reject_constant,
     parse_float=_reject_float,
 )
+# Room versions 1 to 5: floats and big integers are JSON like any other number.
+_LENIENT_DECODER = json.JSONDecoder(
+    object_pairs_hook=_pairs_no_duplicates, parse_constant=_reject_constant
+)
 # Only used once orjson has accepted the document, to detect duplicate keys.
 _DUPLICATE_DECODER = json.JSONDecoder(object_pairs_hook=_pairs_no_duplicates)
 
 
-def decode_json_object(raw: bytes) -> dict[str, Any]:
+def decode_json_object(raw: bytes, *, strict: bool = True) -> dict[str, Any]:
     """Strictly decode an untrusted JSON object; see the module docstring for the rules.
 
     Invariant: the result contains only ``dict`` (string keys), ``list``, ``str``, ``int``
     (in the canonical range), ``bool`` and ``None``, nests at most
     :data:`MAX_NESTING_DEPTH` deep, and re-encodes to canonical JSON without error.
+    ``strict=False`` (room versions 1 to 5) also admits finite floats and integers of
+    any size, which re-encode with ``encode_canonical_json_fast(strict=False)``.
     """
     if not isinstance(raw, bytes):
         raise TypeError("decode_json_object expects bytes")
@@ -180,9 +212,16 @@ def decode_json_object(raw: bytes) -> dict[str, Any]:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         # orjson refuses: let the careful parser decide exactly why (and with which code).
-        return _decode_slow(raw)
+        return _decode_slow(raw, strict=strict)
     if type(value) is not dict:
         _bad("top-level JSON value must be an object")
+    if not strict:
+        # orjson turns integers beyond 64 bits into floats: only the stdlib parse keeps
+        # them exact, so a document with any non-integer number takes the careful path.
+        try:
+            check_json_value(value)
+        except MalformedEventError:
+            return _decode_slow(raw, strict=False)
     check_json_value(value)
     # Fast duplicate-key test: if re-encoding reproduces raw byte for byte, raw holds
     # exactly the members of the parsed value, so orjson cannot have silently dropped a
@@ -196,14 +235,14 @@ def decode_json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-def _decode_slow(raw: bytes) -> dict[str, Any]:
-    """The authoritative strict decoder (stdlib ``json`` with rejecting hooks)."""
+def _decode_slow(raw: bytes, *, strict: bool = True) -> dict[str, Any]:
+    """The authoritative decoder (stdlib ``json`` with rejecting hooks)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise EventNotJsonError(f"body is not valid UTF-8: {e.reason}") from None
     try:
-        value = _STRICT_DECODER.decode(text)
+        value = (_STRICT_DECODER if strict else _LENIENT_DECODER).decode(text)
     except _Reject as e:
         _bad(str(e))
     except json.JSONDecodeError as e:
@@ -215,7 +254,7 @@ def _decode_slow(raw: bytes) -> dict[str, Any]:
         _bad(f"unacceptable JSON value: {e}")
     if type(value) is not dict:
         _bad("top-level JSON value must be an object")
-    check_json_value(value)
+    check_json_value(value, strict=strict)
     # Lone surrogate escapes decode fine with the stdlib but cannot be encoded as UTF-8.
-    _orjson_canonical(value)
+    encode_canonical_json_fast(value, strict=strict)
     return value

@@ -8,14 +8,18 @@ Received events (:func:`parse_pdu`), in this order, each failure a ``BadEventErr
 3. canonical JSON of the whole PDU (signatures and ``unsigned`` included, as the spec's
    size limit says) longer than :data:`MAX_PDU_SIZE` bytes          -> ``M_TOO_LARGE``
 4. required keys and their types, identifier grammar, 255-byte key limits, ``redacts``
-   placement, no top-level ``event_id``; in v12 no ``room_id`` on the create event and
-   the create event not in ``auth_events`` (:func:`validate_pdu_fields`) -> ``M_BAD_JSON``
+   placement, no top-level ``event_id`` from v3 (v1, v2: a ``$opaque:server`` one, and
+   ``prev_events``/``auth_events`` as ``[event_id, hashes]`` pairs); in v12 no
+   ``room_id`` on the create event and the create event not in ``auth_events``
+   (:func:`validate_pdu_fields`) -> ``M_BAD_JSON``
    (``type``/``sender``/``room_id``/``state_key`` over 255 bytes     -> ``M_TOO_LARGE``)
 5. content hash mismatch                  -> :class:`ContentHashMismatchError` (``M_BAD_JSON``)
 6. computed event ID differs from ``expected_event_id``              -> ``M_BAD_JSON``
 
-Nothing else is raised for any input bytes. Signatures are *not* checked here (that
-needs the senders' keys; see :func:`signing.check_event_signatures`), nor are auth rules.
+In room versions 1 to 5 (``strict_canonical_json`` false) step 2 admits floats and
+integers of any size, as those versions allow. Nothing else is raised for any input
+bytes. Signatures are *not* checked here (that needs the senders' keys; see
+:func:`signing.check_event_signatures`), nor are auth rules.
 
 On a content hash mismatch the spec tells a receiver to keep the event but use its
 redacted form (the sender may legitimately have served a redacted copy, e.g. via
@@ -30,6 +34,7 @@ as canonical JSON (which becomes ``Event.raw``) and computes the event ID.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,6 +51,8 @@ from roomstream.events.hashing import (
     add_content_hash,
     check_content_hash,
     compute_event_id,
+    compute_reference_hash,
+    encode_base64,
     room_id_from_create_event_id,
 )
 from roomstream.events.model import Event
@@ -56,6 +63,7 @@ from roomstream.events.types import EventTypes
 from roomstream.grammar import (
     MAX_ID_BYTES,
     is_event_id,
+    is_event_id_with_server,
     is_pdu_sender,
     is_room_id_for_version,
     utf8_length,
@@ -93,10 +101,35 @@ def _check_length(name: str, value: str) -> None:
         raise EventTooLargeError(f"'{name}' is longer than {MAX_KEY_BYTES} bytes")
 
 
-def _check_event_id_list(data: Mapping[str, Any], key: str) -> None:
+def _check_lenient_length(name: str, value: str, room_version: RoomVersion, local: bool) -> None:
+    """``type`` and ``state_key``: before room version 11 only over 255 code points is
+    malformed (the auth rules reject what is over 255 bytes); from v11, and for events
+    made here (which must never be built only to be rejected), over 255 bytes."""
+    if room_version.strict_event_byte_limits or local:
+        _check_length(name, value)
+    elif len(value) > MAX_KEY_BYTES:
+        raise EventTooLargeError(f"'{name}' is longer than {MAX_KEY_BYTES} code points")
+
+
+def _check_event_id_list(data: Mapping[str, Any], key: str, room_version: RoomVersion) -> None:
     value = data.get(key)
     if type(value) is not list:
         raise _bad(f"'{key}' must be an array of event IDs")
+    if room_version.event_ids_in_pdu:
+        # v1, v2: [event_id, {"sha256": reference hash}] pairs. The hashes are not checked
+        # (nobody does: the referenced event is checked against its own ID when fetched).
+        for item in value:
+            if (
+                type(item) is not list
+                or len(item) != 2
+                or not is_event_id(item[0])
+                or type(item[1]) is not dict
+            ):
+                raise _bad(
+                    f"'{key}' must contain [event ID, hashes] pairs in room version "
+                    f"{room_version.identifier}, found {str(item)[:80]!r}"
+                )
+        return
     for item in value:
         if not is_event_id(item):
             raise _bad(f"'{key}' must contain only event IDs, found {str(item)[:80]!r}")
@@ -110,7 +143,16 @@ def validate_pdu_fields(
     With ``local=True`` (events being created here) ``hashes`` and ``signatures`` may be
     absent because :func:`finalise_local_event` adds them.
     """
-    if "event_id" in data:
+    if room_version.event_ids_in_pdu:
+        # v1, v2: the sending server chose the ID; its server part must sign the event.
+        event_id = data.get("event_id")
+        if type(event_id) is not str or not is_event_id_with_server(event_id):
+            raise _bad(
+                f"events in room version {room_version.identifier} must carry an 'event_id'"
+                " of the form $opaque_id:server_name"
+            )
+        _check_length("event_id", event_id)
+    elif "event_id" in data:
         # Room versions 3 and later derive the ID from the reference hash; a received
         # ``event_id`` key would otherwise be served to clients as if it were the ID.
         raise _bad(
@@ -119,7 +161,7 @@ def validate_pdu_fields(
     event_type = data.get("type")
     if type(event_type) is not str:
         raise _bad("'type' must be a string")
-    _check_length("type", event_type)
+    _check_lenient_length("type", event_type, room_version, local)
 
     sender = data.get("sender")
     if type(sender) is not str:
@@ -151,7 +193,7 @@ def validate_pdu_fields(
         state_key = data["state_key"]
         if type(state_key) is not str:
             raise _bad("'state_key' must be a string when present")
-        _check_length("state_key", state_key)
+        _check_lenient_length("state_key", state_key, room_version, local)
 
     content = data.get("content")
     if type(content) is not dict:
@@ -163,8 +205,8 @@ def validate_pdu_fields(
     if type(data.get("origin_server_ts")) is not int:
         raise _bad("'origin_server_ts' must be an integer")
 
-    _check_event_id_list(data, "prev_events")
-    _check_event_id_list(data, "auth_events")
+    _check_event_id_list(data, "prev_events", room_version)
+    _check_event_id_list(data, "auth_events", room_version)
     if room_version.room_id_from_create_event and isinstance(room_id, str):
         # v12: the room ID names the create event, which auth_events must not list.
         create_event_id = "$" + room_id[1:]
@@ -207,10 +249,14 @@ def parse_pdu(
     raw = bytes(raw)
     if len(raw) > MAX_RAW_PDU_BYTES:
         raise EventTooLargeError(f"PDU is larger than {MAX_PDU_SIZE} bytes")
-    data = decode_json_object(raw)
+    strict = room_version.strict_canonical_json
+    data = decode_json_object(raw, strict=strict)
     # Canonical JSON is never longer than the received encoding, so only long inputs
     # need re-encoding to measure.
-    if len(raw) > MAX_PDU_SIZE and len(encode_canonical_json_fast(data)) > MAX_PDU_SIZE:
+    if (
+        len(raw) > MAX_PDU_SIZE
+        and len(encode_canonical_json_fast(data, strict=strict)) > MAX_PDU_SIZE
+    ):
         raise EventTooLargeError(f"PDU is larger than {MAX_PDU_SIZE} bytes")
     validate_pdu_fields(data, room_version)
 
@@ -218,7 +264,7 @@ def parse_pdu(
     if not check_content_hash(data):
         redacted = redact(data, room_version)
         redacted_event = Event(
-            redacted, room_version, event_id, encode_canonical_json_fast(redacted)
+            redacted, room_version, event_id, encode_canonical_json_fast(redacted, strict=strict)
         )
         raise ContentHashMismatchError(
             f"content hash of {event_id} does not match its content", redacted_event
@@ -234,16 +280,24 @@ def build_event_dict(
     event_type: str,
     sender: str,
     content: Mapping[str, Any],
-    prev_events: Sequence[str],
-    auth_events: Sequence[str],
+    prev_events: Sequence[str | Sequence[Any]],
+    auth_events: Sequence[str | Sequence[Any]],
     depth: int,
     room_id: str | None = None,
     state_key: str | None = None,
     redacts: str | None = None,
     origin_server_ts: int | None = None,
     unsigned: Mapping[str, Any] | None = None,
+    reference_hashes: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Lay out an unsigned, unhashed PDU dict for ``room_version``.
+
+    Room versions 1 and 2 name prev and auth events as ``[event_id, {"sha256": hash}]``
+    pairs: ``reference_hashes`` maps event IDs to their unpadded base64 reference hashes
+    (:func:`reference_hash_of`); an ID it lacks gets ``{}`` (receivers do not check these
+    hashes), and a reference given as a pair already (as a ``make_join`` template lists
+    them) is kept. Their ``event_id`` is added by :func:`finalise_local_event`. In v3+
+    references are event IDs.
 
     ``room_id`` must be given except for a v12 ``m.room.create`` event, where it must not
     be (the room ID is derived from the create event's ID afterwards, see
@@ -259,8 +313,8 @@ def build_event_dict(
         "type": event_type,
         "sender": sender,
         "content": dict(content),
-        "prev_events": list(prev_events),
-        "auth_events": list(auth_events),
+        "prev_events": _event_references(prev_events, room_version, reference_hashes),
+        "auth_events": _event_references(auth_events, room_version, reference_hashes),
         "depth": depth,
         "origin_server_ts": (
             int(time.time() * 1000) if origin_server_ts is None else origin_server_ts
@@ -280,6 +334,33 @@ def build_event_dict(
     return event
 
 
+def _event_references(
+    references: Sequence[str | Sequence[Any]],
+    room_version: RoomVersion,
+    hashes: Mapping[str, str] | None,
+) -> list[Any]:
+    """The ``prev_events``/``auth_events`` value: the IDs (v3+), or v1/v2 pairs. A v1/v2
+    reference already given as a pair (a ``make_join`` template's) is kept as it is."""
+    if not room_version.event_ids_in_pdu:
+        return list(references)
+    known = hashes or {}
+    return [
+        [r, {"sha256": known[r]} if r in known else {}] if isinstance(r, str) else list(r)
+        for r in references
+    ]
+
+
+def reference_hash_of(event: Event) -> str:
+    """An event's reference hash as room versions 1 and 2 cite it (unpadded base64)."""
+    return encode_base64(compute_reference_hash(event.data, event.room_version))
+
+
+def new_event_id(server_name: str) -> str:
+    """A fresh event ID for room versions 1 and 2: ``$`` + 24 random URL-safe characters
+    + ``:server_name`` (unguessable, so never reused)."""
+    return f"${secrets.token_urlsafe(18)}:{server_name}"
+
+
 def finalise_local_event(
     event_dict: Mapping[str, Any],
     room_version: RoomVersion,
@@ -288,21 +369,31 @@ def finalise_local_event(
 ) -> Event:
     """Hash, sign and serialise a locally created event; the input is not modified.
 
-    Raises ``BadEventError`` if the dict is not a valid PDU (e.g. content with floats) or
-    ends up larger than :data:`MAX_PDU_SIZE`. Existing signatures (e.g. from a resident
-    server during a restricted join) are kept.
+    Raises ``BadEventError`` if the dict is not a valid PDU (e.g. content with floats in
+    a version with strict canonical JSON) or ends up larger than :data:`MAX_PDU_SIZE`.
+    Existing signatures (e.g. from a resident server during a restricted join) are kept.
+    Room versions 1 and 2: the event gets a fresh ``event_id`` on ``server_name`` (before
+    hashing, as the content hash covers it) unless it already has one on that server; an
+    ID on another server (a ``make_join`` template's) is replaced, as Synapse does, since
+    the server of the ID must sign the event.
     """
     data = dict(event_dict)
-    check_json_value(data, local=True)
+    strict = room_version.strict_canonical_json
+    if room_version.event_ids_in_pdu:
+        existing = data.get("event_id")
+        if not (isinstance(existing, str) and existing.endswith(":" + server_name)):
+            data["event_id"] = new_event_id(server_name)
+    check_json_value(data, local=True, strict=strict)
     validate_pdu_fields(data, room_version, local=True)
     add_content_hash(data)
     sign_event(data, server_name, signing_key, room_version=room_version)
-    raw = encode_canonical_json_fast(data)
+    raw = encode_canonical_json_fast(data, strict=strict)
     if len(raw) > MAX_PDU_SIZE:
         raise EventTooLargeError(f"event is larger than {MAX_PDU_SIZE} bytes")
     # Re-parse so that data is exactly raw parsed (tuples become lists, nothing is
     # shared with the caller's dicts).
-    parsed: dict[str, Any] = orjson.loads(raw)
+    # (orjson cannot hold integers beyond 64 bits, which v1-v5 events may have.)
+    parsed: dict[str, Any] = orjson.loads(raw) if strict else decode_json_object(raw, strict=False)
     return Event(parsed, room_version, compute_event_id(parsed, room_version), raw)
 
 

@@ -1,4 +1,4 @@
-"""Content hashes, reference hashes and event IDs (room versions 10, 11 and 12).
+"""Content hashes, reference hashes and event IDs (room versions 1 to 12).
 
 * Content hash: SHA-256 over the canonical JSON of the *whole* event without
   ``unsigned``, ``signatures`` and ``hashes``. Stored, unpadded standard base64, in
@@ -6,11 +6,16 @@
 * Reference hash: SHA-256 over the canonical JSON of the *redacted* event without
   ``signatures``, ``unsigned`` and ``age_ts``. It covers ``hashes``, so it transitively
   covers the full content too.
-* Event ID (room versions 4 and later): ``$`` + URL-safe unpadded base64 of the
-  reference hash (43 characters after the ``$``).
+* Event ID: room versions 4 and later ``$`` + URL-safe unpadded base64 of the
+  reference hash (43 characters after the ``$``); room version 3 the same in standard
+  base64 (``+`` and ``/``); room versions 1 and 2 the PDU's own ``event_id`` field
+  (``$opaque_id:server_name``, chosen by the sending server).
 * Room ID in room version 12: ``!`` + the create event's ID without its ``$``.
 
 All of these depend only on the JSON *values*, never on how the bytes were formatted.
+Hashes are taken with ``encode_canonical_json_fast(strict=False)``: the values of room
+versions 1 to 5 may hold floats and big integers, and for every other value the bytes are
+the strict encoding's (the strict rules are enforced where events are parsed or built).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 from roomstream.events.canonical import encode_canonical_json_fast
 from roomstream.events.redaction import redact
-from roomstream.events.room_versions import RoomVersion
+from roomstream.events.room_versions import EventIdFormat, RoomVersion
 
 _CONTENT_HASH_EXCLUDED = frozenset({"unsigned", "signatures", "hashes"})
 _REFERENCE_HASH_EXCLUDED = frozenset({"signatures", "unsigned", "age_ts"})
@@ -53,7 +58,7 @@ def decode_base64(text: str) -> bytes:
 def compute_content_hash(event_dict: Mapping[str, Any]) -> bytes:
     """SHA-256 digest of the event without ``unsigned``, ``signatures`` and ``hashes``."""
     stripped = {k: v for k, v in event_dict.items() if k not in _CONTENT_HASH_EXCLUDED}
-    return hashlib.sha256(encode_canonical_json_fast(stripped)).digest()
+    return hashlib.sha256(encode_canonical_json_fast(stripped, strict=False)).digest()
 
 
 def add_content_hash(event_dict: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +97,7 @@ def reference_hash_preimage(event_dict: Mapping[str, Any], room_version: RoomVer
     """
     redacted = redact(event_dict, room_version)
     stripped = {k: v for k, v in redacted.items() if k not in _REFERENCE_HASH_EXCLUDED}
-    return encode_canonical_json_fast(stripped)
+    return encode_canonical_json_fast(stripped, strict=False)
 
 
 def compute_reference_hash(event_dict: Mapping[str, Any], room_version: RoomVersion) -> bytes:
@@ -101,12 +106,27 @@ def compute_reference_hash(event_dict: Mapping[str, Any], room_version: RoomVers
 
 
 def compute_event_id(event_dict: Mapping[str, Any], room_version: RoomVersion) -> str:
-    """``$`` + URL-safe unpadded base64 of the reference hash.
+    """The event's ID under ``room_version``'s event ID format.
 
+    v4+: ``$`` + URL-safe unpadded base64 of the reference hash; v3: standard base64.
     Redaction keeps a top-level ``event_id`` key, so one present in the dict is hashed
     too; events in these room versions must not carry one over federation.
+
+    v1, v2: the ``event_id`` the PDU carries (``ValueError`` if it has no string one;
+    :func:`format.validate_pdu_fields` checks its grammar).
     """
-    return "$" + encode_base64_urlsafe(compute_reference_hash(event_dict, room_version))
+    version_format = room_version.event_id_format
+    if version_format is EventIdFormat.SERVER_PART:
+        event_id = event_dict.get("event_id")
+        if not isinstance(event_id, str):
+            raise ValueError(
+                f"events of room version {room_version.identifier} carry their 'event_id'"
+            )
+        return event_id
+    digest = compute_reference_hash(event_dict, room_version)
+    if version_format is EventIdFormat.BASE64:
+        return "$" + encode_base64(digest)
+    return "$" + encode_base64_urlsafe(digest)
 
 
 def room_id_from_create_event_id(create_event_id: str) -> str:

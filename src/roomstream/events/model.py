@@ -12,6 +12,14 @@ StateKey = tuple[str, str]
 """A piece of room state is identified by (event type, state key)."""
 
 
+def _referenced_ids(value: Any, room_version: RoomVersion) -> list[str]:
+    """Room versions 1 and 2 name other events as ``[event_id, {"sha256": ...}]`` pairs;
+    later versions list the IDs alone."""
+    if room_version.event_ids_in_pdu:
+        return [pair[0] for pair in value]
+    return list(value)
+
+
 class Event:
     """A PDU: the exact bytes it was received or created as, its parsed fields, its ID.
 
@@ -88,11 +96,13 @@ class Event:
 
     @property
     def prev_event_ids(self) -> list[str]:
-        return list(self.data.get("prev_events", ()))
+        """The IDs in ``prev_events`` (v1, v2: the first item of each pair)."""
+        return _referenced_ids(self.data.get("prev_events", ()), self.room_version)
 
     @property
     def auth_event_ids(self) -> list[str]:
-        return list(self.data.get("auth_events", ()))
+        """The IDs in ``auth_events`` (v1, v2: the first item of each pair)."""
+        return _referenced_ids(self.data.get("auth_events", ()), self.room_version)
 
     @property
     def depth(self) -> int:

@@ -6,14 +6,17 @@ hashes and signatures) and strips everything else. It is used for three things: 
 compute or check *signatures*. Because of the last two, it must match other servers
 exactly: one extra or missing key changes event IDs and breaks signatures.
 
-Room version 10 (the v9 algorithm):
+Room versions 1 to 10:
 
 * top-level keys kept: ``event_id type room_id sender state_key content hashes signatures
   depth prev_events prev_state auth_events origin origin_server_ts membership``;
-* content kept: ``m.room.member``: ``membership``, ``join_authorised_via_users_server``;
-  ``m.room.create``: ``creator``; ``m.room.join_rules``: ``join_rule``, ``allow``;
-  ``m.room.power_levels``: ``ban events events_default kick redact state_default users
-  users_default``; ``m.room.history_visibility``: ``history_visibility``.
+* content kept: ``m.room.member``: ``membership``, and from v9
+  (``restricted_join_rule_fix``) ``join_authorised_via_users_server``;
+  ``m.room.create``: ``creator``; ``m.room.join_rules``: ``join_rule``, and from v8
+  (``restricted_join_rule``) ``allow``; ``m.room.power_levels``: ``ban events
+  events_default kick redact state_default users users_default``;
+  ``m.room.history_visibility``: ``history_visibility``; in v1 to v5
+  (``special_case_aliases_auth``) ``m.room.aliases``: ``aliases``.
 
 Room versions 11 and 12 (MSC2176, MSC3821), ``RoomVersion.updated_redaction_rules``:
 
@@ -82,6 +85,19 @@ _CONTENT_V11: dict[str, tuple[str, ...]] = {
 }
 
 
+def _older_version_keys(
+    allowed: tuple[str, ...], event_type: object, room_version: RoomVersion
+) -> tuple[str, ...]:
+    """The v10 content keys adjusted for room versions 1 to 9."""
+    if event_type == EventTypes.MEMBER and not room_version.restricted_join_rule_fix:
+        return ("membership",)
+    if event_type == EventTypes.JOIN_RULES and not room_version.restricted_join_rule:
+        return ("join_rule",)
+    if event_type == EventTypes.ALIASES and room_version.special_case_aliases_auth:
+        return ("aliases",)
+    return allowed
+
+
 def redact(event_dict: Mapping[str, Any], room_version: RoomVersion) -> dict[str, Any]:
     """Return the redacted form of ``event_dict`` under ``room_version``'s rules.
 
@@ -106,6 +122,8 @@ def redact(event_dict: Mapping[str, Any], room_version: RoomVersion) -> dict[str
     else:
         table = _CONTENT_V11 if updated else _CONTENT_V10
         allowed = table.get(event_type, ()) if isinstance(event_type, str) else ()
+        if not updated:
+            allowed = _older_version_keys(allowed, event_type, room_version)
         new_content = {k: content[k] for k in allowed if k in content}
         if updated and event_type == EventTypes.MEMBER:
             third_party_invite = content.get("third_party_invite")

@@ -195,18 +195,21 @@ def _server_of(user_id: object) -> str | None:
     return server if sep and server else None
 
 
-def required_signers(event_dict: Mapping[str, Any]) -> set[str]:
+def required_signers(
+    event_dict: Mapping[str, Any], room_version: RoomVersion | None = None
+) -> set[str]:
     """The servers whose signatures a received event must carry (server-server API,
-    "Validating hashes and signatures on received events"), for room versions 10-12:
+    "Validating hashes and signatures on received events"):
 
     * the server of the ``sender``, except for an invite made from a third-party invite
       (its ``sender`` must be the original inviter while another server may have built
       it; the ``third_party_invite.signed`` block is checked by the auth rules instead);
-    * for a join through a restricted join rule (``join_authorised_via_users_server`` in
-      its content), also the server of that authorising user.
+    * room versions 1 and 2: the server of the ``event_id`` (the server that built it);
+    * from room version 8 (restricted join rules), for a join carrying
+      ``join_authorised_via_users_server``, the server of that authorising user.
 
-    (Room versions 1 and 2 also required the server of the ``event_id``; they have no
-    event ID field from version 3 on, and roomstream speaks 10 and later.)
+    ``room_version`` None: the rules of room versions 10 to 12 (no event ID field;
+    restricted joins).
     """
     servers: set[str] = set()
     content = event_dict.get("content")
@@ -217,8 +220,12 @@ def required_signers(event_dict: Mapping[str, Any]) -> set[str]:
         sender_server = _server_of(event_dict.get("sender"))
         if sender_server is not None:
             servers.add(sender_server)
-    # Every room version roomstream speaks (10-12) has restricted join rules.
-    if is_member and membership == "join":
+    if room_version is not None and room_version.event_ids_in_pdu:
+        event_id_server = _server_of(event_dict.get("event_id"))
+        if event_id_server is not None:
+            servers.add(event_id_server)
+    restricted = room_version is None or room_version.restricted_join_rule
+    if restricted and is_member and membership == "join":
         authorising = content.get("join_authorised_via_users_server")
         if authorising is not None:
             authorising_server = _server_of(authorising)
@@ -231,7 +238,7 @@ def required_signers(event_dict: Mapping[str, Any]) -> set[str]:
 def check_event_signatures(event: Event, verify_keys: VerifyKeys) -> None:
     """Raise :class:`EventSignatureError` unless every server of :func:`required_signers`
     signed ``event`` with a key in ``verify_keys`` (:func:`check_signed_by` each)."""
-    for server in sorted(required_signers(event.data)):
+    for server in sorted(required_signers(event.data, event.room_version)):
         check_signed_by(event, server, verify_keys)
 
 

@@ -28,6 +28,8 @@ class EventTypes:
     TOPIC: Final = "m.room.topic"
     AVATAR: Final = "m.room.avatar"
     CANONICAL_ALIAS: Final = "m.room.canonical_alias"
+    #: Room versions 1 to 5 give it its own auth and redaction rules.
+    ALIASES: Final = "m.room.aliases"
     ENCRYPTION: Final = "m.room.encryption"
     SERVER_ACL: Final = "m.room.server_acl"
     TOMBSTONE: Final = "m.room.tombstone"

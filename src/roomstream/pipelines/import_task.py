@@ -278,7 +278,8 @@ def _create_version(room_id: str, rows: Sequence[tuple[int, bytes]]) -> RoomVers
             data = orjson.loads(raw)
             if data.get("type") != EventTypes.CREATE or data.get("state_key") != "":
                 continue
-            version = room_version(data["content"]["room_version"])
+            # No content.room_version: room version 1, as the spec says.
+            version = room_version(data["content"].get("room_version", "1"))
             try:
                 event = parse_pdu(raw, version)
             except ContentHashMismatchError as exc:
@@ -304,13 +305,9 @@ def _unusable_create(rows: Sequence[tuple[int, bytes]]) -> tuple[int, str] | Non
             continue
         content = data.get("content")
         known = ", ".join(sorted(KNOWN_ROOM_VERSIONS, key=lambda v: (len(v), v)))
-        if not isinstance(content, dict) or "room_version" not in content:
-            return line, (
-                f"{Codes.UNSUPPORTED_ROOM_VERSION}: the m.room.create event has no"
-                f" content.room_version (room version 1 is implied, which is not supported;"
-                f" supported: {known})"
-            )
-        value = content["room_version"]
+        if not isinstance(content, dict):
+            return line, "M_BAD_JSON: 'content' of the m.room.create event must be an object"
+        value = content.get("room_version", "1")  # absent: room version 1
         if not isinstance(value, str):
             return line, (
                 f"{Codes.UNSUPPORTED_ROOM_VERSION}: content.room_version of the m.room.create"

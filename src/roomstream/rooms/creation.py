@@ -25,6 +25,7 @@ from roomstream.events.auth import (
 from roomstream.events.format import (
     build_event_dict,
     finalise_local_event,
+    reference_hash_of,
     room_id_for_create_event,
 )
 from roomstream.events.model import Event, StateKey
@@ -126,6 +127,17 @@ class LocalEventCreator:
             auth_ids = [current[k] for k in keys if k in current]
             prev_events = await persister.get_events(prevs)
             depth = min(max((e.depth for e in prev_events.values()), default=0) + 1, MAX_DEPTH)
+            auth_needed = {k: current[k] for k in [*keys, CREATE_KEY] if k in current}
+            auth_events = await persister.get_events(auth_needed.values())
+            # Room versions 1 and 2 cite each prev and auth event with its reference hash.
+            hashes = (
+                {
+                    e.event_id: reference_hash_of(e)
+                    for e in [*prev_events.values(), *auth_events.values()]
+                }
+                if version.event_ids_in_pdu
+                else None
+            )
             event = finalise_local_event(
                 build_event_dict(
                     version,
@@ -139,13 +151,12 @@ class LocalEventCreator:
                     state_key=state_key,
                     redacts=redacts,
                     origin_server_ts=origin_server_ts,
+                    reference_hashes=hashes,
                 ),
                 version,
                 self.server_name,
                 self.signing_key,
             )
-            auth_needed = {k: current[k] for k in [*keys, CREATE_KEY] if k in current}
-            auth_events = await persister.get_events(auth_needed.values())
             auth_map = {k: auth_events[v] for k, v in auth_needed.items()}
             check_auth_rules(event, auth_map)
             if event.type == EventTypes.REDACTION:

@@ -8,9 +8,9 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
-import orjson
 from signedjson.types import SigningKey
 
+from roomstream import exactjson
 from roomstream.config import Config
 from roomstream.errors import (
     EventNotJsonError,
@@ -233,7 +233,7 @@ def _key_needs(event: Event, extra_signer: str | None = None) -> list[KeyNeed]:
     required server signed with, valid at the event's time)."""
     signatures = event.data.get("signatures")
     signatures = signatures if isinstance(signatures, dict) else {}
-    signers = required_signers(event.data)
+    signers = required_signers(event.data, event.room_version)
     if extra_signer is not None:
         signers = signers | {extra_signer}
     needs = []
@@ -248,8 +248,9 @@ def _key_needs(event: Event, extra_signer: str | None = None) -> list[KeyNeed]:
 def _decode(raw: bytes) -> dict[str, object]:
     """Just enough parsing to find a PDU's room and version (``parse_pdu`` is strict)."""
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        # exactjson: room versions 1-5 may hold integers beyond 64 bits.
+        data = exactjson.loads(raw)
+    except ValueError as exc:
         raise EventNotJsonError(f"invalid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise MalformedEventError("a PDU must be a JSON object")

@@ -6,8 +6,7 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import orjson
-
+from roomstream import exactjson
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import RoomVersion, room_version
 from roomstream.events.types import EventTypes
@@ -70,7 +69,8 @@ def load_events_txn(txn: Transaction, event_ids: Sequence[str]) -> dict[str, Eve
         )
         for event_id, version, raw in rows:
             raw = bytes(raw)
-            result[event_id] = Event(orjson.loads(raw), room_version(version), event_id, raw)
+            # exactjson: room versions 1-5 may hold integers beyond 64 bits.
+            result[event_id] = Event(exactjson.loads(raw), room_version(version), event_id, raw)
     return result
 
 

@@ -1,4 +1,5 @@
-"""State resolution v2 (room versions 2-11) and v2.1 (room version 12, MSC4297).
+"""State resolution v1 (room version 1), v2 (room versions 2-11) and v2.1 (room version
+12, MSC4297).
 
 Given the room states at several forward extremities (or at the ``prev_events`` of an
 event), :func:`resolve_state` computes the one state they resolve to, following the
@@ -24,12 +25,23 @@ therefore use :func:`effective_auth_event_ids`, which adds the create event back
 (Synapse does the same), so power levels of creators (MSC4289: infinite) and the auth
 rules see the create event.
 
+State resolution v1 (the spec's room version 1 page; Synapse's ``synapse/state/v1.py``)
+is a different algorithm, in :func:`_resolve_v1`: it never looks at auth chains, only at
+the conflicted events and the auth events the unconflicted state gives them. A key is
+*conflicted* only when the state sets that have it disagree (a key some sets lack is
+not). Conflicted power levels, then join rules, then memberships are each resolved by
+replaying the candidates oldest first (depth ascending) while each passes the auth rules
+against the one before; every other conflicted key takes the newest candidate (depth
+descending) that passes against the state resolved so far. Ties break on the SHA-1 of
+the event ID.
+
 Authorization itself is delegated to :mod:`roomstream.events.auth`; nothing here decides
 whether an event is allowed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import math
@@ -307,6 +319,8 @@ async def resolve_state_detailed(
     """
     if not state_sets:
         return Resolution({}, frozenset())
+    if room_version.state_resolution is StateResolutionAlgorithm.V1:
+        return await _resolve_v1(room_id, room_version, state_sets, store)
     unconflicted, conflicted = separate_state_sets(state_sets, candidate_keys)
     if not conflicted:
         return Resolution(unconflicted, frozenset())
@@ -647,6 +661,141 @@ async def _mainline_ordering(
         event = events[event_id]
         keys[event_id] = (-(await position(event)), event.origin_server_ts, event_id)
     return sorted(event_ids, key=keys.__getitem__)
+
+
+# --------------------------------------------------------------------------------------
+# State resolution v1 (room version 1)
+# --------------------------------------------------------------------------------------
+
+
+def _separate_v1(
+    state_sets: Sequence[Mapping[StateKey, str]],
+) -> tuple[dict[StateKey, str], dict[StateKey, set[str]]]:
+    """v1's split: a key is conflicted iff the sets that have it give it different
+    events; otherwise its one value is unconflicted, even if some sets lack the key."""
+    values: dict[StateKey, set[str]] = {}
+    for state in state_sets:
+        for key, event_id in state.items():
+            values.setdefault(key, set()).add(event_id)
+    unconflicted = {k: next(iter(v)) for k, v in values.items() if len(v) == 1}
+    conflicted = {k: v for k, v in values.items() if len(v) > 1}
+    return unconflicted, conflicted
+
+
+def _v1_order(events: Iterable[Event]) -> list[Event]:
+    """Newest first: depth descending, then the SHA-1 hex digest of the event ID."""
+    return sorted(
+        events, key=lambda e: (-e.depth, hashlib.sha1(e.event_id.encode("utf-8")).hexdigest())
+    )
+
+
+def _v1_allowed(event: Event, auth_events: Mapping[StateKey, Event]) -> bool:
+    try:
+        check_auth_rules(event, auth_events)
+    except AuthError:
+        return False
+    return True
+
+
+def _v1_resolve_auth_events(
+    room_version: RoomVersion, candidates: list[Event], auth_events: Mapping[StateKey, Event]
+) -> Event:
+    """A conflicted power levels, join rules or membership key: starting from the oldest
+    candidate, each next one replaces it while the auth rules allow it against the
+    previous (and the auth state the candidates need); the first refusal stops."""
+    oldest_first = list(reversed(_v1_order(candidates)))
+    needed = {
+        key
+        for e in candidates
+        for key in auth_types_for_event(room_version, e.type, e.state_key, e.sender, e.content)
+    }
+    needed.add(_CREATE_KEY)
+    state = {k: auth_events[k] for k in needed if k in auth_events}
+    previous = oldest_first[0]
+    for event in oldest_first[1:]:
+        state[previous.state_tuple] = previous
+        if not _v1_allowed(event, state):
+            return previous
+        previous = event
+    return previous
+
+
+async def _resolve_v1(
+    room_id: str,
+    room_version: RoomVersion,
+    state_sets: Sequence[Mapping[StateKey, str]],
+    store: StateResolutionStore,
+) -> Resolution:
+    """State resolution v1; see the module docstring. Same answer as Synapse's
+    ``synapse.state.v1.resolve_events_with_store`` (the tests compare them).
+
+    Events the store lacks are left out: a conflicted key with one known candidate
+    takes it, one with none is dropped from the result. ``decided`` holds the
+    conflicted keys and the keys some state set lacks.
+    """
+    if len(state_sets) == 1:
+        return Resolution(dict(state_sets[0]), frozenset())
+    unconflicted, conflicted = _separate_v1(state_sets)
+    all_keys = set(unconflicted) | set(conflicted)
+    decided = frozenset(k for k in all_keys if any(k not in s for s in state_sets)) | frozenset(
+        conflicted
+    )
+    if not conflicted:
+        return Resolution(unconflicted, decided)
+
+    events = _EventCache(room_id, store)
+    await events.fetch({e for ids in conflicted.values() for e in ids})
+    # The auth events of the conflicted events, taken from the unconflicted state only.
+    auth_ids: dict[StateKey, str] = {}
+    for ids in conflicted.values():
+        for event_id in ids:
+            if event_id not in events:
+                continue
+            event = events[event_id]
+            for key in auth_types_for_event(
+                room_version, event.type, event.state_key, event.sender, event.content
+            ):
+                if key not in auth_ids and key in unconflicted:
+                    auth_ids[key] = unconflicted[key]
+    if _CREATE_KEY in unconflicted:
+        auth_ids.setdefault(_CREATE_KEY, unconflicted[_CREATE_KEY])
+    await events.fetch(auth_ids.values())
+    auth_events = {k: events[v] for k, v in auth_ids.items() if v in events}
+
+    result = dict(unconflicted)
+    candidates: dict[StateKey, list[Event]] = {}
+    for key, ids in conflicted.items():
+        known = [events[e] for e in sorted(ids) if e in events]
+        if len(known) > 1:
+            candidates[key] = known
+        elif known:
+            result[key] = known[0].event_id
+
+    resolved: dict[StateKey, Event] = {}
+    if _POWER_LEVELS_KEY in candidates:
+        resolved[_POWER_LEVELS_KEY] = _v1_resolve_auth_events(
+            room_version, candidates[_POWER_LEVELS_KEY], auth_events
+        )
+    auth_events.update(resolved)
+    # Join rules, then memberships: each group against the state resolved before it.
+    for event_type in (EventTypes.JOIN_RULES, EventTypes.MEMBER):
+        group = {
+            key: _v1_resolve_auth_events(room_version, evs, auth_events)
+            for key, evs in candidates.items()
+            if key[0] == event_type
+        }
+        resolved.update(group)
+        auth_events.update(group)
+    for key, evs in candidates.items():
+        if key in resolved:
+            continue
+        ordered = _v1_order(evs)
+        # The newest allowed candidate; if none is, the oldest.
+        resolved[key] = next((e for e in ordered if _v1_allowed(e, auth_events)), ordered[-1])
+
+    for key, event in resolved.items():
+        result[key] = event.event_id
+    return Resolution(result, decided)
 
 
 # --------------------------------------------------------------------------------------
