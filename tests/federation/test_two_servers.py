@@ -82,21 +82,27 @@ async def test_invite_join_and_messages_both_ways_across_a_restart(
         lambda: _has(alice, room, "hello alice"), 60, "B's message on A", details=details
     )
 
-    # Typing and a read receipt, B to A.
-    await bob.ok(
-        "PUT", f"/rooms/{q(room)}/typing/{q(bob.user_id)}", {"typing": True, "timeout": 30000}
-    )
-    await wait_for(
-        lambda: _typing_on(alice, room, bob.user_id), 60, "bob typing on A", details=details
-    )
-    last = (await bob.messages(room))[-1]["event_id"]
-    await bob.ok("POST", f"/rooms/{q(room)}/receipt/m.read/{q(last)}", {})
-    await wait_for(
-        lambda: _read_by(alice, room, last, bob.user_id),
-        60,
-        "bob's receipt on A",
-        details=details,
-    )
+    # Typing and a read receipt, each way.
+    for writer, reader in ((bob, alice), (alice, bob)):
+        await writer.ok(
+            "PUT",
+            f"/rooms/{q(room)}/typing/{q(writer.user_id)}",
+            {"typing": True, "timeout": 30000},
+        )
+        await wait_for(
+            lambda w=writer, r=reader: _typing_on(r, room, w.user_id),
+            60,
+            f"{writer.user_id} typing on the other server",
+            details=details,
+        )
+        last = (await writer.messages(room))[-1]["event_id"]
+        await writer.ok("POST", f"/rooms/{q(room)}/receipt/m.read/{q(last)}", {})
+        await wait_for(
+            lambda w=writer, r=reader, e=last: _read_by(r, room, e, w.user_id),
+            60,
+            f"{writer.user_id}'s receipt on the other server",
+            details=details,
+        )
 
     # A to-device message from A's user to every device of B's user (m.direct_to_device).
     sent = {"messages": {bob.user_id: {"*": {"secret": "for bob"}}}}

@@ -223,7 +223,11 @@ class RoomEngine:
 
 
 def _signed_at(event: Event) -> int:
-    """When the event says it was signed (its ``origin_server_ts``; 0 if it says not)."""
+    """When the event says it was signed (its ``origin_server_ts``; 0 if it says not).
+    Room versions before 5 do not hold keys to their validity (as Synapse): 0, which
+    every known key covers."""
+    if not event.room_version.enforce_key_validity:
+        return 0
     ts = event.data.get("origin_server_ts")
     return ts if isinstance(ts, int) and not isinstance(ts, bool) else 0
 
