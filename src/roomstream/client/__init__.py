@@ -54,6 +54,7 @@ from roomstream.client.pushers import PusherPool, PusherStore, parse_pusher
 from roomstream.client.pushrules import PUSH_RULES, PushRuleEdit
 from roomstream.client.read_routes import read_routes
 from roomstream.client.relations_routes import relations_routes
+from roomstream.client.remote_history import RemoteHistory
 from roomstream.client.remote_rooms import RemoteRooms
 from roomstream.client.reports import Reports
 from roomstream.client.room_routes import room_routes
@@ -107,6 +108,7 @@ class ClientProcess:
         send_command: Callable[[Command, str], bool] | None = None,
         stream_live: Callable[[str], bool] | None = None,
         remote_rooms: RemoteRooms | None = None,
+        remote_history: RemoteHistory | None = None,
     ) -> None:
         """``send_command``: sends a replication command towards an instance (the
         presence writer's ``USER_SYNC``); None: this process tells nobody of its syncs.
@@ -118,6 +120,7 @@ class ClientProcess:
         correct (the ``device_lists`` stream's: :class:`~roomstream.e2e.keys_cache.
         KeysCache`); None: no replication."""
         self.config = config
+        self.remote_history = remote_history
         caches_writer, forward_end_sessions = _token_invalidation(config, engine, http_client)
         self.token_cache = (
             None
@@ -309,6 +312,7 @@ class ClientProcess:
                     ),
                     self.ignored,
                     presence=self.presence,
+                    remote_history=self.remote_history,
                 ),
                 *relations_routes(self.accounts, self.reader, self.ignored),
                 *sliding_sync_routes(
@@ -562,9 +566,11 @@ def build_client_api(
     send_command: Callable[[Command, str], bool] | None = None,
     stream_live: Callable[[str], bool] | None = None,
     remote_rooms: RemoteRooms | None = None,
+    remote_history: RemoteHistory | None = None,
 ) -> ClientProcess:
     """The Client-Server API of this instance; ``.api.install`` puts it on an app.
-    ``remote_rooms``: other servers' rooms (federation), or None without federation."""
+    ``remote_rooms``: other servers' rooms (federation), or None without federation;
+    ``remote_history``: older history of rooms from other servers (backfill), or None."""
     return ClientProcess(
         config,
         engine,
@@ -575,6 +581,7 @@ def build_client_api(
         send_command=send_command,
         stream_live=stream_live,
         remote_rooms=remote_rooms,
+        remote_history=remote_history,
     )
 
 
