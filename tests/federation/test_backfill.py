@@ -26,6 +26,7 @@ from tests.support.federation import FakeFederationClient, remote_member_event
 from tests.support.federation import engine as engine  # fixture
 from tests.support.federation import remote_key as remote_key  # fixture
 from tests.support.rooms import REMOTE
+from tests.support.wait import wait_for
 
 CAROL = "@carol:remote.test"
 
@@ -39,6 +40,8 @@ class BackfillingClient(FakeFederationClient):
     down: bool = False
     #: Answered as ``pdus`` instead of ``backfill`` (a bad answer).
     raw_pdus: list[Any] | None = None
+    #: When set, ``/backfill`` answers only once it is set.
+    hold: asyncio.Event | None = None
 
     async def request(
         self,
@@ -56,6 +59,8 @@ class BackfillingClient(FakeFederationClient):
         if "/backfill/" in path:
             self.requests.append((method, destination, path))
             self.contents.append(dict(query or {}))
+            if self.hold is not None:
+                await self.hold.wait()
             pdus = self.raw_pdus
             if pdus is None:
                 pdus = [dict(e.data) for e in self.backfill]
@@ -209,6 +214,29 @@ async def test_a_bad_backfill_answer_stores_nothing(
     backfill = FederationBackfill(engine, client)
     assert await backfill.backfill(room.room_id, 10) == 0
     assert (await engine.store.get_meta([room.m1.event_id])) == {}
+
+
+async def test_concurrent_pages_share_one_backfill(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    client = BackfillingClient()
+    room = await gap_room(engine, remote_key, client)
+    client.backfill = [room.m2, room.m1]
+    client.hold = asyncio.Event()
+    backfill = FederationBackfill(engine, client)
+    first = asyncio.create_task(backfill.backfill(room.room_id, 5))
+    await wait_for(lambda: _asked_backfill(client), 10, "the first /backfill")
+    # (Scheduled before the answer is let go: the loop runs it first, so it finds the
+    # first backfill under way.)
+    second = asyncio.create_task(backfill.backfill(room.room_id, 5))
+    client.hold.set()
+    assert await first == 1
+    assert await second == 1
+    assert sum("/backfill/" in p for _, _, p in client.requests) == 1
+
+
+async def _asked_backfill(client: BackfillingClient) -> bool:
+    return any("/backfill/" in p for _, _, p in client.requests)
 
 
 class _FailingHistory:

@@ -33,6 +33,7 @@ with ``/state_ids`` state) are not backfilled, only the lowest extremities are.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -168,6 +169,8 @@ class FederationBackfill:
         self._fruitless: LruCache[str, frozenset[str]] = LruCache(
             "backfill_fruitless", FRUITLESS_ROOMS
         )
+        #: room ID -> the backfill of it under way.
+        self._running: dict[str, asyncio.Future[int]] = {}
 
     async def backward_extremities(self, room_id: str) -> list[str]:
         """The lowest backward extremities of the room not known to be fruitless."""
@@ -196,7 +199,19 @@ class FederationBackfill:
         """Fetch and persist up to ``limit`` events older than what is stored of the
         room; the number of events newly stored. No backward extremities: no request.
         Errors of the servers asked are logged and the next one tried; none answering
-        gives 0."""
+        gives 0.
+
+        One backfill of a room at a time per process: a caller arriving while one runs
+        waits for it and gets its count (many clients at the top of a room cost one
+        request); a caller that gives up (its time-out) does not stop it for others."""
+        running = self._running.get(room_id)
+        if running is None:
+            running = asyncio.ensure_future(self._backfill(room_id, limit))
+            self._running[room_id] = running
+            running.add_done_callback(lambda _: self._running.pop(room_id, None))
+        return await asyncio.shield(running)
+
+    async def _backfill(self, room_id: str, limit: int) -> int:
         extremities = await self.backward_extremities(room_id)
         if not extremities:
             return 0
