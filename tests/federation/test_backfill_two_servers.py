@@ -114,10 +114,14 @@ async def test_shared_history_is_backfilled_in_order_once(
     ]
     assert len(joins) == 1
     assert _bodies(events[: joins[0]]) == [f"history {i}" for i in range(HISTORY)]
-    # A's order of the history is B's.
+    # What B serves, A serves, in the same order: B's timeline is A's without (at most)
+    # the room's first state events, which B holds as outliers from the join (see
+    # docs/federation/backfill.md, "Not done"); the visibility events above them, which
+    # backfill fetched or decided again, are there.
     on_a = [e["event_id"] for e in await _all_pages(alice, room, 50)]
-    history_ids = [e["event_id"] for e in events if e["type"] == "m.room.message"]
-    assert history_ids == [i for i in on_a if i in set(history_ids)]
+    on_b = [e["event_id"] for e in events]
+    assert on_b == [i for i in on_a if i in set(on_b)]
+    assert sum(e["type"] == "m.room.history_visibility" for e in events) == 2
     # Paginated again: the same events (backfill stored them once, asks nothing new).
     again = await _all_pages(bob, room, 7)
     assert [e["event_id"] for e in again] == [e["event_id"] for e in events]

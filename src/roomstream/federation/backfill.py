@@ -15,7 +15,8 @@ An answered event whose prev events are neither stored with state nor in the ans
 server (``/state_ids``, the events fetched as outliers, as :mod:`roomstream.federation.gaps`
 does), so that it is persisted with state and so with visibility records; an event for
 which that state cannot be had (budget, time-out, failure) is left out, with every event
-of the chunk above it, rather than stored without state.
+of the chunk above it, rather than stored without state. The events accepted before such
+a fetch are persisted first (see :meth:`FederationBackfill._persist_with_state`).
 
 Bounded: at most :data:`MAX_SERVERS` servers asked, one ``/backfill`` answer used,
 :data:`MAX_STATE_FETCHES` states fetched, all within ``timeout`` seconds (every request
@@ -272,46 +273,67 @@ class FederationBackfill:
             (e for e in parsed.values() if e.event_id not in meta),
             key=lambda e: (e.depth, e.event_id),
         )
-        accepted, given = await self._with_state(client, deadline, server, fresh, with_state)
-        if not accepted:
+        return await self._persist_with_state(client, deadline, server, fresh, with_state)
+
+    async def _persist(
+        self, server: str, events: Sequence[Event], given: Mapping[str, list[StateMap]]
+    ) -> int | None:
+        """Persist events as history; the number new, None if the batch was refused."""
+        if not events:
             return 0
         try:
             results = await self.engine.receive_pdus(
-                [e.raw for e in accepted], backfilled=True, state_before=given
+                [e.raw for e in events], backfilled=True, state_before=given
             )
         except Exception as exc:  # e.g. one bad signature refuses the batch
-            logger.info("backfilled events of %s from %s not stored: %s", room_id, server, exc)
-            return 0
+            logger.info("backfilled events from %s not stored: %s", server, exc)
+            return None
         return sum(1 for r in results if r.new)
 
-    async def _with_state(
+    async def _persist_with_state(
         self,
         client: _BoundedRequester,
         deadline: _Deadline,
         server: str,
         fresh: Sequence[Event],
         with_state: set[str],
-    ) -> tuple[list[Event], dict[str, list[StateMap]]]:
-        """The events (oldest first) that can be persisted with state, and the states
-        after the missing prev events of those that need them. An event is left out
-        when a missing prev event's state cannot be had or a prev event was left out."""
+    ) -> int:
+        """Persist ``fresh`` (oldest first) as history, each with state; the number
+        stored. An event is left out when a missing prev event's state cannot be had or
+        a prev event was left out.
+
+        Before a state is fetched, the events accepted so far are persisted: the state
+        may name them (the state before a message names the visibility event just below
+        it), and must then find them stored with state rather than fetch them as
+        outliers; and persisting them may give a stored outlier above them its state
+        (the persister decides it again), which spares the fetch."""
         gaps = GapFiller(self.engine, client)
         states: dict[str, StateMap] = {}
         failed: set[str] = set()
         fetches = 0
-        accepted: list[Event] = []
+        stored = 0
+        pending: list[Event] = []
+        given: dict[str, list[StateMap]] = {}
         accepted_ids: set[str] = set()
         skipped: set[str] = set()
-        given: dict[str, list[StateMap]] = {}
         for event in fresh:
             missing = [
                 p for p in event.prev_event_ids if p not in with_state and p not in accepted_ids
             ]
+            if any(p in skipped or p in failed for p in missing):
+                skipped.add(event.event_id)
+                continue
+            if any(p not in states for p in missing) and pending:
+                count = await self._persist(server, pending, given)
+                if count is None:
+                    return stored
+                stored += count
+                pending, given = [], {}
+                meta = await self.engine.store.get_meta(missing)
+                with_state.update(i for i, m in meta.items() if not m.outlier)
+                missing = [p for p in missing if p not in with_state]
             event_states: list[StateMap] | None = []
             for prev in missing:
-                if prev in skipped or prev in failed:
-                    event_states = None
-                    break
                 if prev not in states:
                     if fetches >= MAX_STATE_FETCHES or deadline.left() <= 0:
                         event_states = None
@@ -331,6 +353,7 @@ class FederationBackfill:
                 continue
             if event_states:
                 given[event.event_id] = event_states
-            accepted.append(event)
+            pending.append(event)
             accepted_ids.add(event.event_id)
-        return accepted, given
+        count = await self._persist(server, pending, given)
+        return stored + (count or 0)
