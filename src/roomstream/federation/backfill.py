@@ -25,11 +25,12 @@ nothing older, or only what is stored as outliers here) are remembered per proce
 not asked about again, so a client paginating at the very start of a room costs no
 request per page.
 
-Not done: events stored as outliers before (the state ``send_join`` gave) stay outliers
-when backfill reaches them (they are not served in the timeline), except those the
-persister decides again because their prev events arrive (see
-:mod:`roomstream.rooms.persist`); gaps in the middle of a room (below an event received
-with ``/state_ids`` state) are not backfilled, only the lowest extremities are.
+Answered events this server holds as outliers (after a remote join, the state
+``send_join`` gave, down to the create event) are decided again by the persister
+(``redecide``) once the events below them are stored, and join the timeline as history.
+
+Not done: gaps in the middle of a room (below an event received with ``/state_ids``
+state) are not backfilled, only the lowest extremities are.
 """
 
 from __future__ import annotations
@@ -273,7 +274,35 @@ class FederationBackfill:
             (e for e in parsed.values() if e.event_id not in meta),
             key=lambda e: (e.depth, e.event_id),
         )
-        return await self._persist_with_state(client, deadline, server, fresh, with_state)
+        stored = await self._persist_with_state(client, deadline, server, fresh, with_state)
+        outliers = [i for i in parsed if i in meta and meta[i].outlier]
+        return stored + await self._redecide(server, outliers)
+
+    async def _redecide(self, server: str, event_ids: Sequence[str]) -> int:
+        """Answered events this server holds as outliers (after a remote join: the state
+        ``send_join`` gave, down to the create event) decided again as history, with
+        the events below them now stored; the number that joined the timeline."""
+        if not event_ids:
+            return 0
+        meta = await self.engine.store.get_meta(event_ids)
+        still = [i for i in event_ids if i in meta and meta[i].outlier]
+        if not still:
+            return 0
+        stored = await self.engine.store.get_events(still)
+        # The create event below them, held as an outlier too, is not always answered
+        # (it lies below what was asked for): it has no prev events, so it can be.
+        below = {p for e in stored.values() for p in e.prev_event_ids} - set(stored)
+        below_meta = await self.engine.store.get_meta(below)
+        held = await self.engine.store.get_events([i for i, m in below_meta.items() if m.outlier])
+        stored.update((i, e) for i, e in held.items() if e.type == EventTypes.CREATE)
+        still = list(stored)
+        try:
+            await self.engine.receive_pdus([], backfilled=True, redecide=list(stored.values()))
+        except Exception as exc:  # as for a refused batch: served as stored
+            logger.info("outliers answered by %s not decided again: %s", server, exc)
+            return 0
+        after = await self.engine.store.get_meta(still)
+        return sum(1 for m in after.values() if not m.outlier)
 
     async def _persist(
         self, server: str, events: Sequence[Event], given: Mapping[str, list[StateMap]]
