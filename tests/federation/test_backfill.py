@@ -268,7 +268,39 @@ async def test_the_wrapper_says_when_history_arrived(
     backfill = FederationBackfill(engine, client)
     assert await fetch_older_history(backfill, room.room_id, 3) is True
     meta = await engine.store.get_meta([room.carol_join.event_id, room.m1.event_id])
-    # Carol's join was stored as an outlier at the gap (the state after m2): it stays
-    # one (see the module's "Not done"); m1 is history now.
-    assert meta[room.carol_join.event_id].outlier
-    assert not meta[room.m1.event_id].outlier
+    # Carol's join, stored as an outlier at the gap (the state after m2) and answered
+    # again, is decided again: history too, like m1.
+    for event in (room.carol_join, room.m1):
+        assert not meta[event.event_id].outlier
+        assert meta[event.event_id].rejected_reason is None
+        assert meta[event.event_id].stream_ordering < 0
+    # Below Carol's join, the room's own timeline: history is complete.
+    assert await backfill.backward_extremities(room.room_id) == []
+
+
+async def test_redecide_only_turns_outliers_with_state_into_history(
+    engine: RoomEngine, remote_key: SigningKey
+) -> None:
+    """The persister's ``redecide`` (what backfill uses for answered outliers)."""
+    client = BackfillingClient()
+    room = await gap_room(engine, remote_key, client)
+    ids = [room.carol_join.event_id, room.m2.event_id, room.m3.event_id]
+    stored = await engine.store.get_events(ids)
+    before = await engine.store.get_meta(ids)
+    # m2's prev event (m1) is unknown: it stays as stored; m3 is in the timeline already:
+    # never decided twice. Nothing to commit is no error.
+    assert (
+        await engine.receive_pdus(
+            [], backfilled=True, redecide=[stored[room.m2.event_id], stored[room.m3.event_id]]
+        )
+        == []
+    )
+    assert await engine.store.get_meta(ids) == before
+    # Carol's join follows a timeline event: decided again, as history, with its state.
+    await engine.receive_pdus([], backfilled=True, redecide=[stored[room.carol_join.event_id]])
+    after = await engine.store.get_meta(ids)
+    assert not after[room.carol_join.event_id].outlier
+    assert after[room.carol_join.event_id].stream_ordering < 0
+    assert after[room.m2.event_id] == before[room.m2.event_id]
+    state = await engine.store.get_state_at(room.carol_join.event_id)
+    assert state == room.after_join
