@@ -257,14 +257,16 @@ class FederationBackfill:
             return 0
         parsed: dict[str, Event] = {}
         for pdu in pdus:
-            if not isinstance(pdu, dict) or pdu.get("room_id") != room_id:
+            if not isinstance(pdu, dict):
                 continue
             try:
                 event = await self.engine.parse_received(pdu_bytes(pdu), version)
             except Exception:  # a malformed event is left out, as Synapse
                 logger.info("skipping a malformed backfilled event from %s", server)
                 continue
-            parsed[event.event_id] = event
+            # (Checked on the parsed event: a v12 create event names its room by its ID.)
+            if event.room_id == room_id:
+                parsed[event.event_id] = event
         if not parsed:
             return 0
         prevs = {p for e in parsed.values() for p in e.prev_event_ids}
