@@ -41,6 +41,7 @@ from roomstream import metrics
 from roomstream.client import ClientProcess, build_client_api
 from roomstream.config import Config, ConfigError, HttpConfig
 from roomstream.federation.auth import Authenticate, OriginRateLimiter, make_authenticator
+from roomstream.federation.backfill import FederationBackfill
 from roomstream.federation.client import FederationClient
 from roomstream.federation.edus import FederationEdus
 from roomstream.federation.key_routes import install_key_routes
@@ -224,6 +225,7 @@ class Homeserver:
         await node.start()
         federation = config.federation
         remote_rooms: RemoteRoomsClient | None = None
+        remote_history: FederationBackfill | None = None
         if federation.port is not None:
             self.federation = transport = FederationTransport(config, self.engine)
             remote_rooms = RemoteRoomsClient(
@@ -231,6 +233,8 @@ class Homeserver:
             )
             # Invites of other servers' users reach their server before they are stored.
             self.engine.creator.remote_invite = remote_rooms.invite
+            # Backwards /messages pages past the start of a room's stored history.
+            remote_history = FederationBackfill(self.engine, transport.client)
         if me.http_port is not None or me.internal_port is not None:
             self.client = build_client_api(
                 config,
@@ -245,6 +249,7 @@ class Homeserver:
                 remote_keys=None
                 if self.federation is None
                 else RemoteKeysClient(self.federation.client),
+                remote_history=remote_history,
             )
             node.listeners.append(self.client)
             presence_writer = self.client.presence.writer

@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from roomstream.client import ClientProcess, build_client_api
+from roomstream.client.remote_history import RemoteHistory
 from roomstream.config import Config
 from roomstream.homeserver import open_room_engine
 from roomstream.rooms.engine import RoomEngine
@@ -109,14 +110,24 @@ def signal_waits(hs: Homeserver) -> asyncio.Event:
 
 @asynccontextmanager
 async def serve_homeserver(
-    config: Config, *, prepare: Callable[[ClientProcess], Awaitable[None]] | None = None
+    config: Config,
+    *,
+    prepare: Callable[[ClientProcess], Awaitable[None]] | None = None,
+    remote_history: RemoteHistory | None = None,
 ) -> AsyncIterator[Homeserver]:
     """The Client-Server API of ``config`` in this process (the ``homeserver`` fixture's
     server), on a test server; ``prepare`` runs once the API is installed, before it
-    serves (starting background work: presence timers, pushers)."""
+    serves (starting background work: presence timers, pushers); ``remote_history``: what
+    backwards `/messages` pages past the stored start of a room ask (backfill)."""
     engine = await open_room_engine(config)
     app = web.Application(client_max_size=64 * 1024)
-    process = build_client_api(config, engine, None, typing_stream=InMemoryStream("typing"))
+    process = build_client_api(
+        config,
+        engine,
+        None,
+        typing_stream=InMemoryStream("typing"),
+        remote_history=remote_history,
+    )
     process.api.install(app)
     if prepare is not None:
         await prepare(process)

@@ -54,6 +54,7 @@ from roomstream.client.pushers import PusherPool, PusherStore, parse_pusher
 from roomstream.client.pushrules import PUSH_RULES, PushRuleEdit
 from roomstream.client.read_routes import read_routes
 from roomstream.client.relations_routes import relations_routes
+from roomstream.client.remote_history import RemoteHistory
 from roomstream.client.remote_keys import KeysWithRemote, RemoteKeys
 from roomstream.client.remote_rooms import RemoteRooms
 from roomstream.client.reports import Reports
@@ -109,6 +110,7 @@ class ClientProcess:
         stream_live: Callable[[str], bool] | None = None,
         remote_rooms: RemoteRooms | None = None,
         remote_keys: RemoteKeys | None = None,
+        remote_history: RemoteHistory | None = None,
     ) -> None:
         """``send_command``: sends a replication command towards an instance (the
         presence writer's ``USER_SYNC``); None: this process tells nobody of its syncs.
@@ -120,6 +122,7 @@ class ClientProcess:
         correct (the ``device_lists`` stream's: :class:`~roomstream.e2e.keys_cache.
         KeysCache`); None: no replication."""
         self.config = config
+        self.remote_history = remote_history
         caches_writer, forward_end_sessions = _token_invalidation(config, engine, http_client)
         self.token_cache = (
             None
@@ -311,6 +314,7 @@ class ClientProcess:
                     ),
                     self.ignored,
                     presence=self.presence,
+                    remote_history=self.remote_history,
                 ),
                 *relations_routes(self.accounts, self.reader, self.ignored),
                 *sliding_sync_routes(
@@ -569,10 +573,11 @@ def build_client_api(
     stream_live: Callable[[str], bool] | None = None,
     remote_rooms: RemoteRooms | None = None,
     remote_keys: RemoteKeys | None = None,
+    remote_history: RemoteHistory | None = None,
 ) -> ClientProcess:
     """The Client-Server API of this instance; ``.api.install`` puts it on an app.
-    ``remote_rooms``, ``remote_keys``: other servers' rooms and users' end-to-end keys
-    (federation), or None without federation."""
+    ``remote_rooms``, ``remote_keys``, ``remote_history``: other servers' rooms, users'
+    end-to-end keys and rooms' older history (federation), or None without federation."""
     return ClientProcess(
         config,
         engine,
@@ -584,6 +589,7 @@ def build_client_api(
         stream_live=stream_live,
         remote_rooms=remote_rooms,
         remote_keys=remote_keys,
+        remote_history=remote_history,
     )
 
 

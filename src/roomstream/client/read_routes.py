@@ -18,6 +18,7 @@ from roomstream.client.filtering import (
 from roomstream.client.ignored import IgnoredUsers, hide_ignored
 from roomstream.client.presence_service import PresenceService
 from roomstream.client.relations_routes import bundle_aggregations
+from roomstream.client.remote_history import RemoteHistory, fetch_older_history
 from roomstream.client.request import json_response, query_bool, query_int
 from roomstream.client.rooms import RoomService
 from roomstream.client.server import Route, authenticate
@@ -27,6 +28,7 @@ from roomstream.errors import ForbiddenError, InvalidParamError, NotFoundError
 from roomstream.httpbase import parse_json_object
 from roomstream.reading import MAX_LIMIT, RoomReader, parse_pagination_token
 from roomstream.reading.relations import attach_bundles
+from roomstream.reading.results import PaginationChunk
 from roomstream.reading.tokens import PaginationToken
 
 __all__ = ["read_routes"]
@@ -70,7 +72,12 @@ def read_routes(
     ignored_users: IgnoredUsers | None = None,
     *,
     presence: PresenceService | None = None,
+    remote_history: RemoteHistory | None = None,
 ) -> list[Route]:
+    """``remote_history``: where a backwards ``/messages`` page that comes back short
+    (the start of what this server holds) gets older history (federation's backfill);
+    None: the page ends there."""
+
     async def ignored_by(requester: Requester) -> frozenset[str]:
         if ignored_users is None:
             return frozenset()
@@ -114,21 +121,36 @@ def read_routes(
         from_token = _token(request.query.get("from"))
         dir_value: Literal["b", "f"] = "b" if direction == "b" else "f"
         ignored = await ignored_by(requester)
-        chunk = await reader.paginate(
-            requester.user_id,
-            room_id,
-            from_token,
-            direction=dir_value,
-            limit=limit,
-            to_token=_token(request.query.get("to")),
-            device_id=requester.device_id,
-            # 403 for a user who never joined, is banned or only invited, unless the
-            # room is world_readable now, and for an unknown room (as Synapse).
-            check_access=True,
-            # The aggregations in the page's own transaction (one round trip).
-            aggregate=True,
-            ignored=ignored,
-        )
+        to_token = _token(request.query.get("to"))
+
+        async def page() -> PaginationChunk:
+            return await reader.paginate(
+                requester.user_id,
+                room_id,
+                from_token,
+                direction=dir_value,
+                limit=limit,
+                to_token=to_token,
+                device_id=requester.device_id,
+                # 403 for a user who never joined, is banned or only invited, unless the
+                # room is world_readable now, and for an unknown room (as Synapse).
+                check_access=True,
+                # The aggregations in the page's own transaction (one round trip).
+                aggregate=True,
+                ignored=ignored,
+            )
+
+        chunk = await page()
+        if (
+            dir_value == "b"
+            and to_token is None
+            and remote_history is not None
+            and len(chunk.events) < limit
+            and await fetch_older_history(remote_history, room_id, limit)
+        ):
+            # The page reached the start of what this server held, and another server
+            # gave older events: the same page again, through the visibility records.
+            chunk = await page()
         if chunk.departed and await store.forgotten_rooms(requester.user_id, [room_id]):
             raise ForbiddenError(f"user {requester.user_id} forgot room {room_id}")
         # Filtered after reading (see docs/client_api.md): a page may hold fewer than

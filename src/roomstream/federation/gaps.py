@@ -95,7 +95,7 @@ class GapFiller:
     ) -> PersistedEvent:
         states: list[StateMap] = []
         for prev in missing:
-            states.append(await self._state_after(origin, event.room_id, prev))
+            states.append(await self.state_after(origin, event.room_id, prev))
         given = {event.event_id: states} if states else None
         results = await self.engine.receive_pdus([event.raw], state_before=given)
         return results[0]
@@ -142,8 +142,9 @@ class GapFiller:
             except Exception:
                 logger.info("could not store missing event %s", pulled.event_id, exc_info=True)
 
-    async def _state_after(self, origin: str, room_id: str, prev: str) -> StateMap:
-        """The state after ``prev`` as ``origin`` tells it, its events stored as outliers."""
+    async def state_after(self, origin: str, room_id: str, prev: str) -> StateMap:
+        """The state after ``prev`` as ``origin`` tells it, its events stored as outliers
+        (also used by :mod:`roomstream.federation.backfill` below a backfilled chunk)."""
         answer = await self.client.request(
             "GET",
             origin,

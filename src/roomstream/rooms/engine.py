@@ -125,6 +125,7 @@ class RoomEngine:
         trust_unsigned: bool = False,
         outliers: bool = False,
         state_before: Mapping[str, Sequence[StateMap]] | None = None,
+        redecide: Sequence[Event] = (),
     ) -> list[PersistedEvent]:
         """Parse, check and persist PDUs from another server; results in input order.
 
@@ -137,8 +138,9 @@ class RoomEngine:
 
         Nothing is stored unless every PDU passes the format and signature checks. A
         batch may open a new room: its create event gives the version of the others.
-        ``outliers`` and ``state_before`` are :meth:`EventPersister.persist_events`'s
-        (events fetched as outliers; the state at a gap in the DAG).
+        ``outliers``, ``state_before`` and ``redecide`` are
+        :meth:`EventPersister.persist_events`'s (events fetched as outliers; the state at
+        a gap in the DAG; stored outliers to decide again, checked when they were stored).
         """
         decoded = [_decode(raw) for raw in raws]
         # Rooms opened by this batch: their versions come from its create events.
@@ -163,7 +165,11 @@ class RoomEngine:
         for event_id in sorted(mismatched):
             logger.warning("content hash of %s does not match: using its redacted form", event_id)
         results = await self.persister.persist_events(
-            events, backfilled=backfilled, outliers=outliers, state_before=state_before
+            events,
+            backfilled=backfilled,
+            outliers=outliers,
+            state_before=state_before,
+            redecide=redecide,
         )
         return [
             # (An event stored before keeps what it was stored as.)

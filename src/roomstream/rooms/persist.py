@@ -377,6 +377,7 @@ class EventPersister:
         outliers: bool = False,
         state_before: Mapping[str, Sequence[StateMap]] | None = None,
         out_of_band: bool = False,
+        redecide: Sequence[Event] = (),
     ) -> list[PersistedEvent]:
         """Persist events of any rooms, in any order; results follow the input order.
 
@@ -394,10 +395,19 @@ class EventPersister:
         DAG): such an event is then not an outlier but gets the resolution of those
         states and of the states after its known prev events, and is checked against it
         like any other. The state events named must be stored (as outliers, say).
+        ``redecide``: stored outliers (of the rooms of ``events``, or alone) to decide
+        again with the batch, as those whose prev events arrive are (and their outlier
+        descendants): backfill reaching events stored as outliers before (the state
+        ``send_join`` gave, down to the create event). Those still without state stay
+        as stored; they have no result.
         """
         by_room: dict[str, list[Event]] = defaultdict(list)
         for event in events:
             by_room[event.room_id].append(event)
+        redecide_by_room: dict[str, list[Event]] = defaultdict(list)
+        for event in redecide:
+            redecide_by_room[event.room_id].append(event)
+            by_room.setdefault(event.room_id, [])
         results: dict[str, PersistedEvent] = {}
 
         async def one_room(room_id: str, room_events: list[Event]) -> None:
@@ -420,8 +430,9 @@ class EventPersister:
                         outliers=outliers,
                         state_before=state_before,
                         out_of_band=out_of_band,
+                        redecide=redecide_by_room.get(room_id, ()) if n == 0 else (),
                     )
-                    for part in parts
+                    for n, part in enumerate(parts)
                 ]
             for future in waiting:
                 results.update(await future)
@@ -446,8 +457,10 @@ class EventPersister:
         outliers: bool = False,
         state_before: Mapping[str, Sequence[StateMap]] | None = None,
         out_of_band: bool = False,
+        redecide: Sequence[Event] = (),
     ) -> asyncio.Future[dict[str, PersistedEvent]]:
         """Decide the fate and state of events of one room and queue them for commit.
+        (``redecide``: see :meth:`persist_events`.)
 
         ``transaction_ids``: event ID -> (user, device, transaction ID) of local events
         sent by a client; each is stored in ``event_txn_ids`` in the same transaction as
@@ -485,12 +498,20 @@ class EventPersister:
             for other in others:
                 done = await asyncio.shield(other)
                 results.update((k, v) for k, v in done.items() if k in queued)
-        if not fresh:
+        if not fresh and not redecide:
             future.set_result(results)
             return future
         room = await self._load_room(room_id, fresh, out_of_band=out_of_band)
         # Stored outliers whose prev events arrive now are decided again, with state.
         revisits = [] if local else await self._outliers_to_revisit(room_id, fresh)
+        if redecide and not local:
+            # Only what is stored as an outlier now (a stored timeline event is never
+            # decided twice), and the outliers below it.
+            stored = await self.store.get_meta([e.event_id for e in redecide])
+            redecide = [e for e in redecide if e.event_id in stored and stored[e.event_id].outlier]
+            below = await self._outliers_to_revisit(room_id, redecide) if redecide else []
+            unique_revisits = {e.event_id: e for e in [*revisits, *redecide, *below]}
+            revisits = list(unique_revisits.values())
         try:
             contexts, new_extremities, new_current = await self._compute_contexts(
                 room,
@@ -506,6 +527,10 @@ class EventPersister:
             # The chain index may hold part of the batch: reload the room next time.
             self._forget_room(room)
             raise
+        if not contexts:
+            # Only outliers to decide again, all still without state: nothing to commit.
+            future.set_result(results)
+            return future
         if room.poisoned:
             raise RuntimeError(f"an earlier batch of {room_id} failed to commit; retry")
         pending = _Pending(
