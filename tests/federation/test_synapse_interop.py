@@ -122,3 +122,7 @@ async def test_a_roomstream_user_joins_a_synapse_room(
     await alice.send(room, "from roomstream")
     await _both_see(alice, carol, room, "from roomstream", details)
     await _states_agree(alice, carol, room, details)
+    # Back-pagination past the join: roomstream backfills the room's history from
+    # Synapse (shared history: the message from before the join is visible), in order.
+    assert await alice.bodies(room) == await carol.bodies(room)
+    assert (await alice.bodies(room))[0] == "before alice"
