@@ -6,36 +6,12 @@ the join under ``joined``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from roomstream.federation.certs import TestCertificateAuthority
-from roomstream.storage import DatabaseConfig
 from tests.support.federation_servers import Account, FederatedServer, q
 from tests.support.wait import wait_for
 
 HISTORY = 14
-
-
-@pytest.fixture
-async def servers(
-    db_config: DatabaseConfig, tmp_path: Path
-) -> AsyncIterator[tuple[FederatedServer, FederatedServer]]:
-    ca = TestCertificateAuthority()
-    a = FederatedServer(
-        tmp_path, "a", DatabaseConfig(engine="sqlite", path=str(tmp_path / "a.db")), ca
-    )
-    b = FederatedServer(tmp_path, "b", db_config, ca)
-    try:
-        await a.start()
-        await b.start()
-        yield a, b
-    finally:
-        await b.close()
-        await a.close()
 
 
 async def _room_with_history(alice: Account, visibility: str) -> str:

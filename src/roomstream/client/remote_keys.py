@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from roomstream.e2e import E2eKeys
@@ -61,25 +61,36 @@ class KeysWithRemote:
                 remote.setdefault(server, {})[user_id] = value
         return local, remote
 
-    async def query(self, requester: str, wanted: Mapping[str, list[str]]) -> dict[str, Any]:
-        local, remote = self._split(wanted)
-        result = await self.keys.query(requester, local)
-        if not remote:
-            return result
-        assert self.remote is not None
-        asked = self.remote
+    async def _ask_each(
+        self,
+        remote: Mapping[str, dict[str, Any]],
+        ask: Callable[[str, dict[str, Any]], Awaitable[Mapping[str, Any]]],
+        result: dict[str, Any],
+    ) -> list[tuple[dict[str, Any], Mapping[str, Any]]]:
+        """Ask each server for its users, all at once; (users asked, answer) of those
+        that answered in time, the others listed in ``result["failures"]``."""
         answers = await asyncio.gather(
             *(
-                asyncio.wait_for(asked.query(server, users), REMOTE_TIMEOUT)
+                asyncio.wait_for(ask(server, users), REMOTE_TIMEOUT)
                 for server, users in remote.items()
             ),
             return_exceptions=True,
         )
+        answered = []
         for (server, users), answer in zip(remote.items(), answers, strict=True):
             if isinstance(answer, BaseException):
                 logger.info("keys of %s users not fetched: %s", server, answer)
                 result["failures"][server] = _failure(answer)
-                continue
+            else:
+                answered.append((users, answer))
+        return answered
+
+    async def query(self, requester: str, wanted: Mapping[str, list[str]]) -> dict[str, Any]:
+        local, remote = self._split(wanted)
+        result = await self.keys.query(requester, local)
+        if not remote or self.remote is None:
+            return result
+        for users, answer in await self._ask_each(remote, self.remote.query, result):
             for part in _QUERY_PARTS:
                 by_user = answer.get(part)
                 if not isinstance(by_user, dict):
@@ -93,22 +104,9 @@ class KeysWithRemote:
     async def claim(self, wanted: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
         local, remote = self._split(wanted)
         result = await self.keys.claim(local)
-        if not remote:
+        if not remote or self.remote is None:
             return result
-        assert self.remote is not None
-        asked = self.remote
-        answers = await asyncio.gather(
-            *(
-                asyncio.wait_for(asked.claim(server, users), REMOTE_TIMEOUT)
-                for server, users in remote.items()
-            ),
-            return_exceptions=True,
-        )
-        for (server, users), answer in zip(remote.items(), answers, strict=True):
-            if isinstance(answer, BaseException):
-                logger.info("one-time keys of %s users not claimed: %s", server, answer)
-                result["failures"][server] = _failure(answer)
-                continue
+        for users, answer in await self._ask_each(remote, self.remote.claim, result):
             claimed = answer.get("one_time_keys")
             if not isinstance(claimed, dict):
                 continue
