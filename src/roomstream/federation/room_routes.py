@@ -111,33 +111,23 @@ def install_room_routes(
         )
         return json_response(answer)
 
-    async def send_join(request: web.Request) -> web.Response:
-        origin, body = await origin_and_body(request)
-        answer = await server.on_send_join(
-            origin, path(request, "room_id"), path(request, "event_id"), body
-        )
-        return json_response(answer)
+    def signed_membership(
+        handle: Callable[[str, str, str, Any], Awaitable[Any]],
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """A route giving a membership event signed after a ``make_*`` to ``handle``
+        (``send_join``, ``send_leave``, ``send_knock``, ``invite``)."""
 
-    async def send_leave(request: web.Request) -> web.Response:
-        origin, body = await origin_and_body(request)
-        answer = await server.on_send_leave(
-            origin, path(request, "room_id"), path(request, "event_id"), body
-        )
-        return json_response(answer)
+        async def route(request: web.Request) -> web.Response:
+            origin, body = await origin_and_body(request)
+            room_id, event_id = path(request, "room_id"), path(request, "event_id")
+            return json_response(await handle(origin, room_id, event_id, body))
 
-    async def send_knock(request: web.Request) -> web.Response:
-        origin, body = await origin_and_body(request)
-        answer = await server.on_send_knock(
-            origin, path(request, "room_id"), path(request, "event_id"), body
-        )
-        return json_response(answer)
+        return route
 
-    async def invite(request: web.Request) -> web.Response:
-        origin, body = await origin_and_body(request)
-        answer = await server.on_invite(
-            origin, path(request, "room_id"), path(request, "event_id"), body
-        )
-        return json_response(answer)
+    send_join = signed_membership(server.on_send_join)
+    send_leave = signed_membership(server.on_send_leave)
+    send_knock = signed_membership(server.on_send_knock)
+    invite = signed_membership(server.on_invite)
 
     app.router.add_put(V1 + "/send/{txn_id}", send)
     app.router.add_get(V1 + "/state/{room_id}", state)
