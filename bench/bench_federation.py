@@ -41,12 +41,13 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import os
 import ssl
 import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psycopg  # noqa: E402
 import yaml  # noqa: E402
 from aiohttp import web  # noqa: E402
+from psycopg import sql  # noqa: E402
 from signedjson.key import encode_verify_key_base64, generate_signing_key  # noqa: E402
 from signedjson.sign import sign_json  # noqa: E402
 from tests.support.federation_servers import FederatedServer  # noqa: E402
@@ -430,6 +433,8 @@ async def fanout(target: Target, fakes: list[FakeServer], messages: int) -> dict
         "messages": messages,
         "client_sends_seconds": round(sent, 3),
         "seconds": round(timer.seconds, 3),
+        # What is left after the last send answered: the sender's own delay.
+        "delivered_after_last_send_seconds": round(timer.seconds - sent, 3),
         "messages_per_second": round(common.rate(messages, timer.seconds), 1),
         "pdus_delivered_per_second": round(common.rate(messages * len(fakes), timer.seconds), 1),
     }
@@ -483,6 +488,20 @@ async def roomstream_server(
         await server.close()
 
 
+@contextlib.contextmanager
+def pg_database() -> Iterator[str]:
+    """The DSN of a new, empty PostgreSQL database, dropped (forcibly) afterwards."""
+    name = f"roomstream_fedbench_{os.getpid()}"
+    with psycopg.connect(common.PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield common.PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(common.PG_ADMIN_DSN, autocommit=True) as admin:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            admin.execute(drop.format(sql.Identifier(name)))
+
+
 def _sqlite(work: Path, label: str) -> DatabaseConfig:
     return DatabaseConfig(engine="sqlite", path=str(work / label / "server.db"))
 
@@ -511,9 +530,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         )
         targets.append(roomstream_target(resident, "roomstream_sqlite"))
         if args.postgres:
-            pg = DatabaseConfig(
-                engine="postgres", dsn=common.PG_ADMIN_DSN, schema=f"fedbench_{free_port()}"
-            )
+            pg = DatabaseConfig(engine="postgres", dsn=stack.enter_context(pg_database()))
             server = await stack.enter_async_context(
                 roomstream_server(work, "roomstream_postgres", ca, pg)
             )
