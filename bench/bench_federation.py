@@ -18,18 +18,27 @@ Scenarios:
 - ``inbound_send``: a fake server joins one of its users to a public room of the target
   (``make_join`` / ``send_join`` v2), then sends M message PDUs, a chain (each one's
   ``prev_events`` the previous one), in transactions of 50 PDUs, one transaction at a
-  time as a real origin does; PDUs/s until the last answer. Every answer must carry no
-  per-PDU error, and afterwards the target's ``/messages`` for its local member must
-  hold all M (checked, not timed).
+  time; PDUs/s from the first transaction until the last PDU is in the local member's
+  timeline. Synapse answers ``/send`` once it has *staged* the PDUs and persists them
+  afterwards, and past 100 staged events in a room it prunes the queue and asks the
+  origin's ``/get_missing_events`` (not served here); so each transaction is sent once
+  the previous one's last PDU shows in the target's ``/messages`` (polled every 10 ms),
+  for every target alike. ``answers_seconds`` is the time spent waiting for ``/send``
+  answers alone. Every answer must carry no per-PDU error, and afterwards the
+  target's ``/messages`` must hold all M.
 - ``fanout``: a public room of the target with one user of each of 10 fake servers
   joined; a local user sends K messages (``PUT /send`` of the Client-Server API, one
   after the other); the time from the first send to the moment every destination has
-  received all K (distinct events, counted by the fake servers' ``/send``).
+  received all K (distinct events, counted by the fake servers' ``/send``), and the part
+  of it after the last send was answered (``delivered_after_last_send_seconds``).
 - ``join_1000``: a room held by a roomstream resident with 1,000 joined members (its
   local creator and 999 users of one fake server: one joined by ``send_join``, the rest
   by member events over ``/send``); the time a target's local user's ``POST /join``
   takes (``server_name`` = the resident), and the joined-member count the target then
-  shows. The resident is roomstream for both targets (no Synapse resident: say so).
+  shows. The resident is roomstream (SQLite) for both targets; the roomstream target is
+  a second roomstream (SQLite), the Synapse target the same Synapse as above (so its
+  room has one more member by then). Synapse asks ``send_join`` for ``omit_members``
+  (faster joins); roomstream answers the full state, so both joins are full joins.
 
 Default sizes are small (M = 1,000, K = 100, 1,000 members); ``--size N`` multiplies M
 and K; ``--quick`` divides everything by 5. Results: ``bench/results/federation.json``.
