@@ -451,17 +451,23 @@ async def fanout(target: Target, fakes: list[FakeServer], messages: int) -> dict
 
 async def big_room(resident: Target, fake: FakeServer, members: int) -> tuple[str, str]:
     """A public room on ``resident`` with ``members`` joined: its local creator and
-    ``members - 1`` users of ``fake``; (room ID, creator's token)."""
+    ``members - 1`` users of ``fake``; (room ID, creator's token). Each transaction of
+    joins goes once the resident shows the previous one's members (Synapse stages and
+    prunes inbound PDUs, see the module docstring)."""
     _local, token = await resident.register(f"resident{fake.port}")
     room_id = await public_room(resident, token, "a thousand members")
     room = await fake.join(resident.server_name, room_id, "member0")
     joins = [fake.member_join(room, fake.user(f"member{i}")) for i in range(1, members - 1)]
-    await fake.send_all(resident.server_name, joins)
-    await wait_for(
-        lambda: _joined_at_least(resident, token, room_id, members),
-        120,
-        f"{members} members on the resident",
-    )
+    for start in range(0, len(joins), TXN_PDUS):
+        batch = joins[start : start + TXN_PDUS]
+        await fake.send_transaction(resident.server_name, batch)
+        want = 2 + start + len(batch)
+        await wait_for(
+            lambda want=want: _joined_at_least(resident, token, room_id, want),
+            600,
+            f"{want} members on {resident.label}",
+            interval=0.05,
+        )
     return room_id, token
 
 
@@ -521,8 +527,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     fan_messages = 100 * args.size // divisor
     members = ROOM_MEMBERS // divisor
     ca = TestCertificateAuthority()
-    fakes = [FakeServer(work, ca) for _ in range(FANOUT_DESTINATIONS + 2)]
-    loader, filler, listeners = fakes[0], fakes[1], fakes[2:]
+    fakes = [FakeServer(work, ca) for _ in range(FANOUT_DESTINATIONS + 3)]
+    loader, filler, listeners = fakes[0], fakes[1], fakes[2 : 2 + FANOUT_DESTINATIONS]
     results: dict[str, Any] = {
         "sizes": {"inbound_messages": messages, "fanout_messages": fan_messages},
         "inbound_send": {},
@@ -567,18 +573,45 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         with common.timed() as built:
             room_id, _ = await big_room(resident_target, filler, members)
         results["join_1000"]["build_seconds"] = round(built.seconds, 1)
-        joiners: list[Target] = []
         joiner = await stack.enter_async_context(
             roomstream_server(work, "joiner_sqlite", ca, _sqlite(work, "joiner_sqlite"))
         )
-        joiners.append(roomstream_target(joiner, "roomstream_sqlite"))
-        joiners += [t for t in targets if t.label.startswith("synapse")]
+        joiners = [roomstream_target(joiner, "roomstream_sqlite"), *targets[1:]]
         for target in joiners:
             print(f"--- join of the {members}-member room -> {target.label}", flush=True)
             results["join_1000"][target.label] = await join_remote(
                 target, resident_target.server_name, room_id
             )
             print(f"    {results['join_1000'][target.label]}", flush=True)
+
+        if args.synapse:
+            # The same kind of room held by a second Synapse: Synapse joining Synapse
+            # (faster joins: a partial-state join, completed in the background), and
+            # roomstream joining a Synapse-held room.
+            pair = ca.issue("127.0.0.1")
+            (work / "resident.crt").write_bytes(pair.certificate_pem)
+            (work / "resident.key").write_bytes(pair.private_key_pem)
+            other = await stack.enter_async_context(
+                synapse_peer(
+                    work / "synapse_resident", work / "resident.crt", work / "resident.key"
+                )
+            )
+            synapse_resident = Target(
+                "synapse_resident", other.server_name, other.call, other.register
+            )
+            print(f"--- a {members}-member room on a Synapse resident", flush=True)
+            section: dict[str, Any] = {"members": members, "resident": "Synapse (SQLite)"}
+            with common.timed() as built:
+                room_id, _ = await big_room(synapse_resident, fakes[-1], members)
+            section["build_seconds"] = round(built.seconds, 1)
+            synapses = [t for t in joiners if t.label.startswith("synapse")]
+            for target in [*synapses, joiners[0]]:
+                print(f"--- join of the Synapse-held room -> {target.label}", flush=True)
+                section[target.label] = await join_remote(
+                    target, synapse_resident.server_name, room_id
+                )
+                print(f"    {section[target.label]}", flush=True)
+            results["join_1000_synapse_resident"] = section
     return results
 
 
@@ -588,15 +621,12 @@ def summary(results: dict[str, Any]) -> str:
         rows.append(["inbound /send", label, f"{r['pdus_per_second']:,.0f} PDUs/s"])
     for label, r in results["fanout"].items():
         rows.append([f"fan-out x{r['destinations']}", label, f"{r['seconds']:.2f} s"])
-    for label, r in results["join_1000"].items():
-        if isinstance(r, dict):
-            rows.append(
-                [
-                    f"join ({results['join_1000']['members']} members)",
-                    label,
-                    f"{r['seconds']:.2f} s",
-                ]
-            )
+    for key, held_by in (("join_1000", "roomstream"), ("join_1000_synapse_resident", "Synapse")):
+        section = results.get(key, {})
+        for label, r in section.items():
+            if isinstance(r, dict):
+                scenario = f"join ({section['members']} members, held by {held_by})"
+                rows.append([scenario, label, f"{r['seconds']:.2f} s"])
     return common.markdown_table(["scenario", "target", "figure"], rows)
 
 
