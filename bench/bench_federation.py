@@ -33,12 +33,17 @@ Scenarios:
   of it after the last send was answered (``delivered_after_last_send_seconds``).
 - ``join_1000``: a room held by a roomstream resident with 1,000 joined members (its
   local creator and 999 users of one fake server: one joined by ``send_join``, the rest
-  by member events over ``/send``); the time a target's local user's ``POST /join``
-  takes (``server_name`` = the resident), and the joined-member count the target then
-  shows. The resident is roomstream (SQLite) for both targets; the roomstream target is
-  a second roomstream (SQLite), the Synapse target the same Synapse as above (so its
-  room has one more member by then). Synapse asks ``send_join`` for ``omit_members``
-  (faster joins); roomstream answers the full state, so both joins are full joins.
+  by member events over ``/send``, each transaction once the resident shows the previous
+  one's members); the time a target's local user's ``POST /join`` takes (``server_name``
+  = the resident), and the joined-member count the target then shows. The resident is
+  roomstream (SQLite); the joiners are a second roomstream (SQLite), the PostgreSQL
+  target (``--postgres``) and the Synapse target, one after the other (so each room has
+  one more member than the last joiner saw). With Synapse, the same is repeated with a
+  second Synapse as the resident (``join_1000_synapse_resident``), joined by the Synapse
+  target and then by the SQLite roomstream joiner. Synapse asks ``send_join`` for
+  ``omit_members`` (faster joins): a Synapse resident grants it (a partial-state join,
+  whose state Synapse completes in the background after ``/join`` answered), roomstream
+  answers the full state (a full join).
 
 Default sizes are small (M = 1,000, K = 100, 1,000 members); ``--size N`` multiplies M
 and K; ``--quick`` divides everything by 5. Results: ``bench/results/federation.json``.
