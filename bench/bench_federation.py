@@ -191,7 +191,11 @@ class JoinedRoom:
 @dataclass
 class FakeServer:
     """A homeserver made of a TLS key endpoint, a ``/send`` endpoint that counts the
-    messages it receives, and roomstream's federation client signing as it."""
+    messages it receives, and roomstream's federation client signing as it.
+
+    Its ``/send`` checks neither the ``X-Matrix`` authorization nor the PDUs' signatures
+    (what is measured is the target's work, not the generator's), accepts every PDU and
+    answers ``{"pdus": {event_id: {}}}``; anything else it is asked is ``404``."""
 
     cert_dir: Path
     ca: TestCertificateAuthority
@@ -201,6 +205,8 @@ class FakeServer:
     received: dict[str, set[str]] = field(default_factory=dict)
     #: Awaited by the fan-out scenario: (room, count) -> set once that many arrived.
     watchers: list[tuple[str, int, asyncio.Event]] = field(default_factory=list)
+    #: The version of each room joined (to name received PDUs by their event IDs).
+    versions: dict[str, RoomVersion] = field(default_factory=dict)
     _runner: web.AppRunner | None = None
     _client: FederationClient | None = None
     _txn: itertools.count[int] = field(default_factory=itertools.count)
@@ -242,8 +248,9 @@ class FakeServer:
             pdus = body.get("pdus", [])
             answers: dict[str, Any] = {}
             for pdu in pdus:
-                # Event IDs only matter for the answer; room v3+ IDs are reference hashes.
-                answers[str(pdu.get("event_id", len(answers)))] = {}
+                version = self.versions.get(str(pdu.get("room_id")))
+                if version is not None:
+                    answers[compute_event_id(pdu, version)] = {}
                 if pdu.get("type") == "m.room.message":
                     bodies = self.received.setdefault(pdu.get("room_id", ""), set())
                     bodies.add(str(pdu.get("content", {}).get("body")))
@@ -293,6 +300,7 @@ class FakeServer:
             query={"ver": ["10", "11", "12"]},
         )
         version = room_version(answer.get("room_version", "1"))
+        self.versions[room_id] = version
         template = dict(answer["event"])
         template["origin_server_ts"] = now_ms()
         template.pop("origin", None)
