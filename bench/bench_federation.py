@@ -422,6 +422,8 @@ async def inbound_send(target: Target, fake: FakeServer, messages: int) -> dict[
         "messages": messages,
         "transactions": -(-messages // TXN_PDUS),
         "answers_seconds": round(answering, 3),
+        # By the answers alone: Synapse's answer means staged, not stored (docstring).
+        "answers_pdus_per_second": round(common.rate(messages, answering), 1),
         "seconds": round(timer.seconds, 3),
         "pdus_per_second": round(common.rate(messages, timer.seconds), 1),
         "stored": stored,
