@@ -8,9 +8,9 @@ events. Everything B receives about the room (the invite, the join's handshake, 
 messages) must be carried out by the room's writer, and Bob's join and messages too; the
 federation sender sends what either writer persisted.
 
-A user of A creates a room and invites a user of B, who joins; messages flow both ways;
-then both users set the topic at once, several times, and both servers end with the same
-state.
+A user of A creates a room and invites a user of B, who joins; messages flow both ways,
+typing and a receipt too; then both users set the topic at once, several times, and
+both servers end with the same state.
 """
 
 from __future__ import annotations
@@ -100,6 +100,35 @@ async def test_a_cluster_federates_invite_join_messages_and_concurrent_state(
         lambda: _has(alice, room, "hello alice"), 60, "B's message on A", details=details
     )
 
+    # Typing and a read receipt, B to A: written on main, sent by fed_sender.
+    await bob.ok(
+        "PUT", f"/rooms/{q(room)}/typing/{q(bob.user_id)}", {"typing": True, "timeout": 30000}
+    )
+    await wait_for(
+        lambda: _ephemeral_on(alice, room, "m.typing", bob.user_id),
+        60,
+        "bob typing on A",
+        details=details,
+    )
+    last = (await bob.messages(room))[-1]["event_id"]
+    await bob.ok("POST", f"/rooms/{q(room)}/receipt/m.read/{q(last)}", {})
+    await wait_for(
+        lambda: _ephemeral_on(alice, room, "m.receipt", bob.user_id),
+        60,
+        "bob's receipt on A",
+        details=details,
+    )
+    # And A to B: received by main's listener, shown by main.
+    await alice.ok(
+        "PUT", f"/rooms/{q(room)}/typing/{q(alice.user_id)}", {"typing": True, "timeout": 30000}
+    )
+    await wait_for(
+        lambda: _ephemeral_on(bob, room, "m.typing", alice.user_id),
+        60,
+        "alice typing on B",
+        details=details,
+    )
+
     # Both set the topic at once, several times: each server resolves the forked state,
     # and both end with the same (once each holds every topic event of the other).
     topics: list[str] = []
@@ -151,3 +180,20 @@ async def _has_topics(account: Account, room: str, topics: list[str]) -> bool:
     events = await account.messages(room, limit=200)
     seen = {e["content"].get("topic") for e in events if e["type"] == "m.room.topic"}
     return set(topics) <= seen
+
+
+async def _ephemeral_on(account: Account, room: str, event_type: str, user_id: str) -> bool:
+    """Whether an incremental sync of ``account`` shows ``user_id`` in an ephemeral event
+    of ``event_type`` (typing: among the user IDs; a receipt: as a reader)."""
+    answer = await account.sync()
+    joined = answer["rooms"].get("join", {}).get(room, {})
+    for event in joined.get("ephemeral", {}).get("events", []):
+        if event["type"] != event_type:
+            continue
+        if event_type == "m.typing" and user_id in event["content"]["user_ids"]:
+            return True
+        if event_type == "m.receipt" and any(
+            user_id in by_type.get("m.read", {}) for by_type in event["content"].values()
+        ):
+            return True
+    return False
