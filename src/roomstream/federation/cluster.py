@@ -29,7 +29,12 @@ from roomstream.replication import endpoints as ep
 from roomstream.replication.http import InternalHttpClient
 from roomstream.replication.sharding import writer_for_room
 
-__all__ = ["RoomOwners"]
+__all__ = ["FORWARDED_TIMEOUT", "RoomOwners"]
+
+#: Seconds a call to a room's writer may take: what it carries out may fetch from other
+#: servers (a gap's events, a joined room's state), each request under the federation
+#: client's own timeout. Longer than the internal client's default (30 s) for that.
+FORWARDED_TIMEOUT = 180.0
 
 
 class RoomOwners:
@@ -55,7 +60,10 @@ class RoomOwners:
         owner's own errors pass through with their status and errcode."""
         assert self.http_client is not None
         call = ep.FederationRoomCall(room_id, origin, op, dict(args))
-        return await forwarded_call(owner, self.http_client.call(ep.FEDERATION_ROOM, owner, call))
+        return await forwarded_call(
+            owner,
+            self.http_client.call(ep.FEDERATION_ROOM, owner, call, seconds=FORWARDED_TIMEOUT),
+        )
 
     async def remote_join(
         self,
@@ -68,4 +76,6 @@ class RoomOwners:
         """Have ``owner`` join ``user_id`` to a room of other servers."""
         assert self.http_client is not None
         call = ep.RemoteJoinCall(room_id, user_id, list(servers), dict(content))
-        await forwarded_call(owner, self.http_client.call(ep.REMOTE_JOIN, owner, call))
+        await forwarded_call(
+            owner, self.http_client.call(ep.REMOTE_JOIN, owner, call, seconds=FORWARDED_TIMEOUT)
+        )
