@@ -15,7 +15,10 @@ Everything a roomstream process runs is put together here, from the bottom up:
   from :func:`federation_route_installers`;
 - federation's transport (:class:`FederationTransport`: the outbound client, the keyring
   that also feeds the room engine's key store, the inbound authenticator) in every
-  process of a deployment with federation on;
+  process of a deployment with federation on; what changes a room (PDUs received, the
+  membership handshakes, joins of other servers' rooms) is carried out by the room's
+  events writer (:class:`~roomstream.federation.cluster.RoomOwners`), whose internal API
+  serves it (:meth:`Homeserver.federation_bindings`);
 - the views streaming job beside the server (:class:`ViewsJob`).
 
 Lower layers receive what they need through their constructors; none of them reaches up.
@@ -43,6 +46,7 @@ from roomstream.config import Config, ConfigError, HttpConfig
 from roomstream.federation.auth import Authenticate, OriginRateLimiter, make_authenticator
 from roomstream.federation.backfill import FederationBackfill
 from roomstream.federation.client import FederationClient
+from roomstream.federation.cluster import RoomOwners
 from roomstream.federation.edus import FederationEdus
 from roomstream.federation.key_routes import install_key_routes
 from roomstream.federation.keyring import Keyring, OldSigningKey
@@ -62,6 +66,8 @@ from roomstream.reading.backfill import run_pending_in_background
 from roomstream.reading.index_backfill import (
     run_pending_in_background as index_pending_in_background,
 )
+from roomstream.replication import endpoints as ep
+from roomstream.replication.endpoints import BoundEndpoint
 from roomstream.replication.http import MAX_BODY, InternalHttpServer
 from roomstream.replication.secret import effective_shared_secret
 from roomstream.replication.worker import READY_WAIT, ReplicationNode, start_listener
@@ -217,6 +223,8 @@ class Homeserver:
         self.federation_server: FederationServer | None = None
         #: The federation sender (on the federation_sender_instances only).
         self.federation_sender: FederationSender | None = None
+        #: Joins of other servers' rooms (None without federation).
+        self.remote_rooms: RemoteRoomsClient | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -228,8 +236,11 @@ class Homeserver:
         remote_history: FederationBackfill | None = None
         if federation.port is not None:
             self.federation = transport = FederationTransport(config, self.engine)
-            remote_rooms = RemoteRoomsClient(
-                self.engine, self.engine.creator.signing_key, transport.client
+            self.remote_rooms = remote_rooms = RemoteRoomsClient(
+                self.engine,
+                self.engine.creator.signing_key,
+                transport.client,
+                owners=RoomOwners(config, node.http_client),
             )
             # Invites of other servers' users reach their server before they are stored.
             self.engine.creator.remote_invite = remote_rooms.invite
@@ -266,7 +277,7 @@ class Homeserver:
                 status=node.status,
                 client=node.http_client,
                 metrics=lambda: metrics.render(node.metrics_registry),
-                bindings=[*node.event_writes(), *forwarded],
+                bindings=[*node.event_writes(), *forwarded, *self.federation_bindings()],
             )
             port = await start_listener(config, "internal_port", me.internal_port, internal.start)
             logger.info("internal HTTP listening on %s:%d", me.host, port)
@@ -300,7 +311,9 @@ class Homeserver:
         API's services) and, on a sender instance, the federation sender."""
         config, engine, node = self.config, self.engine, self.replication
         edus = None
-        self.federation_server = server = FederationServer(engine, client=transport.client)
+        self.federation_server = server = FederationServer(
+            engine, client=transport.client, owners=RoomOwners(config, node.http_client)
+        )
         if self.client is not None:
             edus = FederationEdus.for_client_process(
                 self.client, engine, server_allowed=server.acl_allows
@@ -318,6 +331,22 @@ class Homeserver:
                     lambda token, rows: sender.on_replicated_rows("typing", me, token, rows)
                 )
             await sender.start()
+
+    def federation_bindings(self) -> list[BoundEndpoint[Any, Any]]:
+        """Federation's room requests and joins that other processes of the deployment
+        hand to this one: on an events writer with federation on (else none, and they
+        are answered 421)."""
+        config = self.config
+        server, remote_rooms = self.federation_server, self.remote_rooms
+        if server is None or remote_rooms is None:
+            return []
+        if config.instance_name not in config.writers_of("events"):
+            return []
+
+        async def remote_join(call: ep.RemoteJoinCall) -> None:
+            await remote_rooms.join_here(call.user_id, call.room_id, call.servers, call.content)
+
+        return [ep.FEDERATION_ROOM.bind(server.on_forwarded), ep.REMOTE_JOIN.bind(remote_join)]
 
     async def stop(self) -> None:
         """Stop listening, then the federation sender, then replication (which stores and

@@ -286,3 +286,48 @@ async def test_without_federation_a_remote_invite_is_refused(
             room_id, ALICE, EventTypes.MEMBER, {"membership": "invite"}, state_key=BOB
         )
     assert await engine_a.store.get_membership(room_id, BOB) is None
+
+
+async def test_a_join_after_a_remote_invite_resolves_forked_state_alike(
+    servers: tuple[RoomEngine, RoomEngine], database: Database
+) -> None:
+    """B held Bob's invite (an out-of-band membership, stored when B knew nothing of the
+    room) before joining: the join names it as an auth event, and Bob's later state
+    events name the join. State resolution on B compares their auth chains, so once the
+    room is held the invite enters the auth chain index (and its stored chains)."""
+    engine_a, engine_b = servers
+    room_id = await _room(engine_a, RoomPreset.PRIVATE_CHAT)
+    engine_a.creator.remote_invite = _client(engine_a, Invitee(engine_b)).invite
+    invite = await engine_a.creator.create_event(
+        room_id, ALICE, EventTypes.MEMBER, {"membership": "invite"}, state_key=BOB
+    )
+    stored_invite = await engine_a.store.get_event(invite.event.event_id)
+    assert stored_invite is not None
+    await engine_b.receive_out_of_band_membership(stored_invite.raw, room_version("12"))
+    await _client(engine_b, ResidentServer(engine_a)).join(BOB, room_id, [A], {})
+
+    # A fork: Bob changes his member event on B while Alice sets the topic on A, both on
+    # the join; each server then receives the other's event and resolves the two states.
+    profile = await engine_b.creator.create_event(
+        room_id, BOB, EventTypes.MEMBER, {"membership": "join", "displayname": "Bob"}, state_key=BOB
+    )
+    topic = await engine_a.creator.create_event(
+        room_id, ALICE, EventTypes.TOPIC, {"topic": "forked"}, state_key=""
+    )
+    [on_b] = await engine_b.receive_pdus([topic.event.raw])
+    [on_a] = await engine_a.receive_pdus([profile.event.raw])
+    for result in (on_a, on_b):
+        assert result.rejected_reason is None and not result.soft_failed and not result.outlier
+    state_a = await engine_a.store.get_current_state(room_id)
+    assert await engine_b.store.get_current_state(room_id) == state_a
+    assert state_a[(EventTypes.TOPIC, "")] == topic.event.event_id
+    assert state_a[(EventTypes.MEMBER, BOB)] == profile.event.event_id
+    # The invite's chain is stored: a restarted B loads the same index.
+    rows = await database.run_interaction(
+        "invite_chain",
+        lambda txn: txn.query(
+            "SELECT chain_id FROM event_auth_chains WHERE event_id = ?",
+            (invite.event.event_id,),
+        ),
+    )
+    assert len(rows) == 1

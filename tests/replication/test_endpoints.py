@@ -214,6 +214,9 @@ def test_the_instance_endpoints_are_those_of_earlier_releases() -> None:
         ("GET", "/streams/{stream}/updates", None),
         ("POST", "/rooms/{room_id}/send_event", "events"),
         ("POST", "/create_room", "events"),
+        # Added for federation in a cluster (issue 22): new routes, the old ones unchanged.
+        ("POST", "/rooms/{room_id}/federation", "events"),
+        ("POST", "/rooms/{room_id}/remote_join", "events"),
     ]
     assert ep.HEALTH.url(ep.HealthCall()) == "/health"
     assert ep.HEALTH.encode(ep.HealthCall()) is None  # a GET has no body
@@ -281,3 +284,45 @@ def test_bad_requests_to_the_instance_endpoints_are_refused_with_a_400(
         endpoint.read_path(path)
         endpoint.parse(values, path)
     assert (caught.value.http_status, caught.value.errcode) == (400, errcode)
+
+
+def test_a_federation_room_request_round_trips_and_is_checked() -> None:
+    call = ep.FederationRoomCall(
+        "!r:a.test", "a.test:8448", "send_join", {"event_id": "$e", "pdu": {"type": "x"}}
+    )
+    assert ep.FEDERATION_ROOM.url(call) == "/rooms/%21r%3Aa.test/federation"
+    body = ep.FEDERATION_ROOM.encode(call)
+    assert body == {
+        "origin": "a.test:8448",
+        "op": "send_join",
+        "args": {"event_id": "$e", "pdu": {"type": "x"}},
+    }
+    assert ep.FEDERATION_ROOM.parse(body, {"room_id": "!r:a.test"}) == call
+    assert ep.FEDERATION_ROOM.room_owned and ep.FEDERATION_ROOM.stream == "events"
+    # The writer answers what the Server-Server API answers, whole.
+    assert ep.FEDERATION_ROOM.decode_answer({"pdus": {}}) == {"pdus": {}}
+    with pytest.raises(MatrixError) as bad_op:
+        ep.FEDERATION_ROOM.parse({**body, "op": "state"}, {"room_id": "!r:a.test"})
+    assert bad_op.value.errcode == "M_INVALID_PARAM"
+    with pytest.raises(MatrixError) as bad_origin:
+        ep.FEDERATION_ROOM.parse({**body, "origin": "not a server"}, {"room_id": "!r:a.test"})
+    assert bad_origin.value.errcode == "M_INVALID_PARAM"
+    with pytest.raises(MatrixError) as bad_args:
+        ep.FEDERATION_ROOM.parse({**body, "args": []}, {"room_id": "!r:a.test"})
+    assert bad_args.value.errcode == "M_BAD_JSON"
+
+
+def test_a_remote_join_round_trips_and_is_checked() -> None:
+    call = ep.RemoteJoinCall("!r:a.test", "@bob:b.test", ["a.test", "c.test:8448"], {})
+    body = ep.REMOTE_JOIN.encode(call)
+    assert body == {
+        "user_id": "@bob:b.test",
+        "servers": ["a.test", "c.test:8448"],
+        "content": {},
+    }
+    assert ep.REMOTE_JOIN.parse(body, {"room_id": "!r:a.test"}) == call
+    assert ep.REMOTE_JOIN.decode_answer({}) is None
+    for servers in (["bad server"], [1], "a.test"):
+        with pytest.raises(MatrixError) as bad:
+            ep.REMOTE_JOIN.parse({**body, "servers": servers}, {"room_id": "!r:a.test"})
+        assert bad.value.errcode in ("M_INVALID_PARAM", "M_BAD_JSON")

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
+from roomstream.config import DatabaseConfig
+from roomstream.errors import ServiceUnavailableError
 from roomstream.replication import endpoints as ep
-from roomstream.replication.http import PREFIX
+from roomstream.replication.http import PREFIX, InternalHttpClient
+from tests.support.ports import free_port
 from tests.support.replication import (
     ClusterFactory,
     internal_auth,
+    make_config,
     tcp_instances,
 )
 from tests.support.sharding import room_ids_for_writer, rooms_by_owner
@@ -329,3 +336,40 @@ async def test_forwarded_client_writes_are_validated_and_only_taken_by_their_wri
         assert first[0] == 200 and first == again, (first, again)
         other_device = await post(f"{base['w1']}/send", {**send, "device_id": "LAPTOP"})
         assert other_device[0] == 200 and other_device != first
+
+
+async def test_a_call_may_have_a_time_limit_of_its_own(tmp_path: Path) -> None:
+    """A call given ``seconds`` waits that long for an answer, whatever the client's
+    default: a federation join carried out by a room's writer takes longer than a send."""
+    port = free_port()
+    config = make_config(
+        DatabaseConfig(engine="sqlite", path=str(tmp_path / "t.db")),
+        tmp_path,
+        "tcp",
+        stream_writers={},
+        instances={"main": {"internal_port": port}},
+    )
+    answered = asyncio.Event()
+
+    async def slow_health(request: web.Request) -> web.Response:
+        await answered.wait()
+        return web.json_response({"instance": "main", "status": "ok"})
+
+    app = web.Application()
+    app.router.add_get(PREFIX + "/health", slow_health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    client = InternalHttpClient(config, timeout=0.2)
+    try:
+        waiting = asyncio.create_task(client.call(ep.HEALTH, "main", ep.HealthCall(), seconds=30))
+        # A call with the default limit, started after it, gives up first...
+        with pytest.raises(ServiceUnavailableError):
+            await client.call(ep.HEALTH, "main", ep.HealthCall())
+        # ... while the one with its own limit still waits, and gets the answer.
+        assert not waiting.done()
+        answered.set()
+        assert (await waiting)["status"] == "ok"
+    finally:
+        await client.close()
+        await runner.cleanup()

@@ -4,7 +4,10 @@
 port>``: no ``.well-known`` or DNS needed; a TLS certificate from the test's CA, which
 every server trusts, verification on; ``ip_range_blacklist: []``; a short sender back-off)
 and can be started, stopped and started again on the same ports and database, as an
-operator restarts a server. :class:`Account` drives the Client-Server API as one user.
+operator restarts a server. :class:`FederatedCluster` is one such server as a deployment
+of several processes on PostgreSQL with Redis replication: two events writers, a
+federation sender of its own, the federation listener and the client API on ``main``.
+:class:`Account` drives the Client-Server API as one user.
 """
 
 from __future__ import annotations
@@ -118,13 +121,7 @@ class FederatedServer:
             "server_name": self.server_name,
             "data_dir": str(home / "data"),
             "database": database,
-            "instances": {
-                "main": {
-                    "http_port": self.http_port,
-                    "internal_port": free_port(),
-                    "replication_port": free_port(),
-                }
-            },
+            **self.deployment(),
             "federation": {
                 "port": self.federation_port,
                 "tls_certificate_path": str(home / "tls.crt"),
@@ -139,6 +136,18 @@ class FederatedServer:
         path = home / "roomstream.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         return path
+
+    def deployment(self) -> dict[str, Any]:
+        """The configuration's processes: one, ``main``."""
+        return {
+            "instances": {
+                "main": {
+                    "http_port": self.http_port,
+                    "internal_port": free_port(),
+                    "replication_port": free_port(),
+                }
+            }
+        }
 
     async def start(self) -> None:
         path = self.tmp_path / self.label / "roomstream.yaml"
@@ -180,3 +189,69 @@ class FederatedServer:
         status, answer = await self.call("POST", "/register", body)
         assert status == 200, answer
         return Account(self, answer["user_id"], answer["access_token"], answer["device_id"])
+
+
+#: The processes of a :class:`FederatedCluster`, in the order they are started.
+CLUSTER_INSTANCES = ("w1", "w2", "fed_sender", "main")
+
+
+@dataclass
+class FederatedCluster(FederatedServer):
+    """A server as several processes on one PostgreSQL schema (``db_config``'s) with
+    Redis replication: ``w1`` and ``w2`` write the events (each room's by the hash of its
+    ID), ``fed_sender`` is the federation sender, ``main`` runs the federation listener
+    (``federation.instance``), the Client-Server API (:attr:`url`) and writes every other
+    stream. ``main`` persists no event itself: what it receives is carried out by the
+    rooms' writers."""
+
+    processes: dict[str, ServerProcess] = field(default_factory=dict)
+
+    def deployment(self) -> dict[str, Any]:
+        def worker() -> dict[str, int]:
+            return {
+                "http_port": free_port(),
+                "internal_port": free_port(),
+                "replication_port": free_port(),
+            }
+
+        return {
+            "instances": {
+                "main": {"http_port": self.http_port, "internal_port": free_port()},
+                "w1": worker(),
+                "w2": worker(),
+                "fed_sender": {"internal_port": free_port()},
+            },
+            "stream_writers": {"events": ["w1", "w2"]},
+            "federation_sender_instances": ["fed_sender"],
+            "replication": {"transport": "redis"},
+        }
+
+    def config_path(self) -> Path:
+        path = self.tmp_path / self.label / "roomstream.yaml"
+        return path if path.exists() else self.write_config()
+
+    async def start(self) -> None:
+        path = self.config_path()
+        for name in CLUSTER_INSTANCES:
+            process = ServerProcess(
+                "-m", "roomstream.cli", "-c", str(path), "run", "--no-views", "--instance", name
+            )
+            self.processes[name] = process
+            await process.start()
+        self.process = self.processes["main"]
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+
+    async def stop(self) -> None:
+        for process in reversed(list(self.processes.values())):
+            await process.stop()
+        failed = {name: p.errors() for name, p in self.processes.items() if p.errors()}
+        details = self.output()
+        self.processes = {}
+        self.process = None
+        assert not failed, details
+
+    def output(self) -> str:
+        return "\n".join(
+            f"-- {name}\n" + "".join(p.output[-60:]) for name, p in self.processes.items()
+        )

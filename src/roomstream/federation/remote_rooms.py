@@ -12,6 +12,10 @@ events there, and events arriving by ``/send`` build on the join.
 Servers are tried in order (``via``, an alias's servers, an inviter's, the room ID's);
 a server's refusal (4xx) is remembered and the next one tried, as Synapse does; if none
 succeeds the last refusal is passed on, or :class:`RemoteServerError` when none answered.
+
+In a deployment of several processes the join is carried out by the events writer the
+room ID hashes to (``owners``, :mod:`roomstream.federation.cluster`): that process holds
+the room from then on, as the writer of a room it created would.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from roomstream.events.format import build_event_dict, finalise_local_event, par
 from roomstream.events.model import Event, StateKey
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion, room_version
 from roomstream.events.types import EventTypes
+from roomstream.federation.cluster import RoomOwners
 from roomstream.grammar import is_room_id_to_look_up, is_server_name
 from roomstream.rooms.engine import RoomEngine
 
@@ -73,8 +78,10 @@ class RemoteRoomsClient:
         client: FederationRequester,
         *,
         clock: Callable[[], float] = time.time,
+        owners: RoomOwners | None = None,
     ) -> None:
         self.engine = engine
+        self.owners = owners
         self.server_name = engine.server_name
         self.signing_key = signing_key
         self.client = client
@@ -104,6 +111,17 @@ class RemoteRoomsClient:
     async def join(
         self, user_id: str, room_id: str, servers: Sequence[str], content: Mapping[str, Any]
     ) -> None:
+        owner = None if self.owners is None else self.owners.remote_owner(room_id)
+        if owner is not None:
+            assert self.owners is not None
+            await self.owners.remote_join(owner, user_id, room_id, servers, content)
+            return
+        await self.join_here(user_id, room_id, servers, content)
+
+    async def join_here(
+        self, user_id: str, room_id: str, servers: Sequence[str], content: Mapping[str, Any]
+    ) -> None:
+        """:meth:`join` carried out by this process (the room's events writer)."""
         last: Exception | None = None
         for server in servers:
             try:

@@ -19,6 +19,11 @@ Queries answer only what the asking server may see
 (:mod:`roomstream.federation.server_visibility`); the origin must be in the room (or the
 room world-readable), else 403.
 
+In a deployment of several processes (:mod:`roomstream.federation.cluster`), what changes
+a room is carried out by the room's events writer: each room's PDUs of a transaction, the
+membership handshakes and invites are handed to it (:meth:`FederationServer.on_forwarded`
+there) when this process is not that writer; the answers are the writer's.
+
 Membership handshakes (``make_*`` then ``send_*``): the user in the path must be of the
 origin server; a template is built on the room's forward extremities and checked against
 its current state; the signed event sent back is received like any PDU and must then be
@@ -62,6 +67,7 @@ from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from roomstream.events.signing import SigningKey, check_event_signatures, sign_event
 from roomstream.events.types import EventTypes
 from roomstream.federation.acl import server_allowed
+from roomstream.federation.cluster import RoomOwners
 from roomstream.federation.gaps import FederationRequester, GapFiller, pdu_bytes
 from roomstream.federation.server_visibility import (
     filter_events_for_server,
@@ -69,6 +75,7 @@ from roomstream.federation.server_visibility import (
     server_of,
 )
 from roomstream.federation.transactions import ReceivedTransactions
+from roomstream.replication.endpoints import FederationRoomCall
 from roomstream.rooms.engine import RoomEngine
 from roomstream.state.resolution import effective_auth_event_ids
 
@@ -109,7 +116,8 @@ class IgnoreEdus:
 
 
 class FederationServer:
-    """Inbound room federation for one process (the room's events writer, for now)."""
+    """Inbound room federation for one process. ``owners``: which process carries out
+    a room's writes (None: this one, for every room)."""
 
     def __init__(
         self,
@@ -118,8 +126,10 @@ class FederationServer:
         edus: EduHandler | None = None,
         client: FederationRequester | None = None,
         clock: Callable[[], float] = time.time,
+        owners: RoomOwners | None = None,
     ) -> None:
         self.engine = engine
+        self.owners = owners
         self.store = engine.store
         self.server_name = engine.server_name
         self.edus: EduHandler = edus or IgnoreEdus()
@@ -136,6 +146,37 @@ class FederationServer:
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+    def _remote_owner(self, room_id: str) -> str | None:
+        return None if self.owners is None else self.owners.remote_owner(room_id)
+
+    async def on_forwarded(self, call: FederationRoomCall) -> dict[str, Any]:
+        """Carry out a request another process of this deployment received for a room
+        this process writes (the internal API checked that it does); its answer."""
+        args, origin, room_id = call.args, call.origin, call.room_id
+        if call.op == "pdus":
+            pdus = args.get("pdus")
+            if not isinstance(pdus, list):
+                raise BadJsonError("'pdus' must be an array")
+            return {"pdus": await self._room_pdus(origin, room_id, pdus)}
+        if call.op == "invite":
+            body = args.get("body")
+            if not isinstance(body, dict):
+                raise BadJsonError("'body' must be an object")
+            return await self.on_invite(origin, room_id, _str_arg(args, "event_id"), body)
+        if call.op in ("make_join", "make_knock"):
+            ver = args.get("ver", [])
+            versions = ver if _str_list(ver) else []
+            make = self.on_make_join if call.op == "make_join" else self.on_make_knock
+            return await make(origin, room_id, _str_arg(args, "user_id"), versions)
+        if call.op == "make_leave":
+            return await self.on_make_leave(origin, room_id, _str_arg(args, "user_id"))
+        send = {
+            "send_join": self.on_send_join,
+            "send_leave": self.on_send_leave,
+            "send_knock": self.on_send_knock,
+        }[call.op]
+        return await send(origin, room_id, _str_arg(args, "event_id"), args.get("pdu"))
 
     # -- /send ------------------------------------------------------------------------
 
@@ -178,19 +219,45 @@ class FederationServer:
         self, origin: str, pdus: Sequence[object], edus: Sequence[object]
     ) -> dict[str, Any]:
         results: dict[str, dict[str, str]] = {}
-        by_room: dict[str, list[Event]] = defaultdict(list)
+        by_room: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for pdu in pdus:
+            # A PDU without a room is dropped silently: nothing to key an answer on.
+            if isinstance(pdu, dict) and isinstance(pdu.get("room_id"), str):
+                by_room[pdu["room_id"]].append(pdu)
+        answers = await asyncio.gather(
+            *(self._room_pdus(origin, room_id, given) for room_id, given in by_room.items()),
+            *(self._deliver_edu(origin, edu) for edu in edus),
+        )
+        for answer in answers[: len(by_room)]:
+            if answer is not None:
+                results.update(answer)
+        return {"pdus": results}
+
+    async def _room_pdus(
+        self, origin: str, room_id: str, pdus: Sequence[object]
+    ) -> dict[str, dict[str, str]]:
+        """The results of one room's PDUs (all of ``room_id``), received in the order sent,
+        here or by the room's writer. A writer that cannot be reached fails the whole
+        transaction (503): the origin sends it again, and nothing was lost."""
+        owner = self._remote_owner(room_id)
+        if owner is not None:
+            assert self.owners is not None
+            answer = await self.owners.room_request(
+                owner, room_id, origin, "pdus", {"pdus": list(pdus)}
+            )
+            given = answer.get("pdus")
+            return dict(given) if isinstance(given, dict) else {}
+        results: dict[str, dict[str, str]] = {}
+        events: list[Event] = []
         for pdu in pdus:
             event = await self._parse_pdu(origin, pdu, results)
             if event is not None:
-                by_room[event.room_id].append(event)
-        await asyncio.gather(
-            *(
-                self._receive_room(origin, room_id, events, results)
-                for room_id, events in by_room.items()
-            ),
-            *(self._deliver_edu(origin, edu) for edu in edus),
-        )
-        return {"pdus": results}
+                if event.room_id != room_id:
+                    continue  # (a forwarded PDU of another room: never sent so)
+                events.append(event)
+        if events:
+            await self._receive_room(origin, room_id, events, results)
+        return results
 
     async def _parse_pdu(
         self, origin: str, pdu: object, results: dict[str, dict[str, str]]
@@ -538,6 +605,11 @@ class FederationServer:
     ) -> dict[str, Any]:
         """A join template; 400 ``M_INCOMPATIBLE_ROOM_VERSION`` when the remote server
         does not support the room's version (``ver``; none given means only "1")."""
+        owner = self._remote_owner(room_id)
+        if owner is not None:
+            return await self._forward(
+                owner, room_id, origin, "make_join", user_id=user_id, ver=list(supported_versions)
+            )
         version = await self._room_version(room_id)
         if version.identifier not in (supported_versions or ["1"]):
             raise IncompatibleRoomVersionError(
@@ -548,12 +620,20 @@ class FederationServer:
         return {"event": template, "room_version": version.identifier}
 
     async def on_make_leave(self, origin: str, room_id: str, user_id: str) -> dict[str, Any]:
+        owner = self._remote_owner(room_id)
+        if owner is not None:
+            return await self._forward(owner, room_id, origin, "make_leave", user_id=user_id)
         version, template = await self._template(origin, room_id, user_id, "leave")
         return {"event": template, "room_version": version.identifier}
 
     async def on_make_knock(
         self, origin: str, room_id: str, user_id: str, supported_versions: Sequence[str]
     ) -> dict[str, Any]:
+        owner = self._remote_owner(room_id)
+        if owner is not None:
+            return await self._forward(
+                owner, room_id, origin, "make_knock", user_id=user_id, ver=list(supported_versions)
+            )
         version = await self._room_version(room_id)
         if version.identifier not in supported_versions:
             raise IncompatibleRoomVersionError(
@@ -603,6 +683,11 @@ class FederationServer:
     ) -> dict[str, Any]:
         """Receive a join; answer the state before it, its auth chain and the servers in
         the room (v2: ``members_omitted`` false, every member given)."""
+        owner = self._remote_owner(room_id)
+        if owner is not None:
+            return await self._forward(
+                owner, room_id, origin, "send_join", event_id=event_id, pdu=pdu
+            )
         event = await self._receive_membership(origin, room_id, event_id, pdu, "join")
         state_before = await self.store.get_state_at(event.event_id, before=True)
         state_after = await self.store.get_state_at(event.event_id)
@@ -629,6 +714,11 @@ class FederationServer:
     async def on_send_leave(
         self, origin: str, room_id: str, event_id: str, pdu: object
     ) -> dict[str, Any]:
+        owner = self._remote_owner(room_id)
+        if owner is not None:
+            return await self._forward(
+                owner, room_id, origin, "send_leave", event_id=event_id, pdu=pdu
+            )
         await self._receive_membership(origin, room_id, event_id, pdu, "leave")
         return {}
 
@@ -636,6 +726,11 @@ class FederationServer:
         self, origin: str, room_id: str, event_id: str, pdu: object
     ) -> dict[str, Any]:
         """Receive a knock; answer the room's stripped state for the knocking user."""
+        owner = self._remote_owner(room_id)
+        if owner is not None:
+            return await self._forward(
+                owner, room_id, origin, "send_knock", event_id=event_id, pdu=pdu
+            )
         await self._receive_membership(origin, room_id, event_id, pdu, "knock")
         return {"knock_room_state": await self.stripped_state(room_id)}
 
@@ -661,7 +756,13 @@ class FederationServer:
         stored as an out-of-band membership (an outlier that is the user's membership
         in a room not held here) with the ``invite_room_state`` the inviting server gave
         in its ``unsigned``, so the invited user sees it in /sync; the signed event is
-        the answer."""
+        the answer. Carried out by the writer the room ID hashes to (the room may be
+        unknown here), which then holds the membership."""
+        owner = self._remote_owner(room_id)
+        if owner is not None:
+            return await self._forward(
+                owner, room_id, origin, "invite", event_id=event_id, body=dict(body)
+            )
         version_id = body.get("room_version")
         if not isinstance(version_id, str) or version_id not in KNOWN_ROOM_VERSIONS:
             raise IncompatibleRoomVersionError(
@@ -708,6 +809,19 @@ class FederationServer:
 
     def _signing_key(self) -> SigningKey:
         return self.engine.creator.signing_key
+
+    async def _forward(
+        self, owner: str, room_id: str, origin: str, op: str, **args: Any
+    ) -> dict[str, Any]:
+        assert self.owners is not None
+        return await self.owners.room_request(owner, room_id, origin, op, args)
+
+
+def _str_arg(args: Mapping[str, Any], name: str) -> str:
+    value = args.get(name)
+    if not isinstance(value, str):
+        raise BadJsonError(f"'{name}' must be a string")
+    return value
 
 
 def _is_stripped_event(value: object) -> bool:

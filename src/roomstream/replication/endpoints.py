@@ -56,7 +56,7 @@ from roomstream.errors import (
     UnrecognizedRequestError,
     WrongWriterError,
 )
-from roomstream.grammar import is_opaque_id, is_room_id_to_look_up, is_user_id
+from roomstream.grammar import is_opaque_id, is_room_id_to_look_up, is_server_name, is_user_id
 
 __all__ = [
     "ACCOUNT_DATA",
@@ -66,6 +66,8 @@ __all__ = [
     "DEVICE_PUSHERS",
     "E2E_KEYS",
     "END_SESSIONS",
+    "FEDERATION_ROOM",
+    "FEDERATION_ROOM_OPS",
     "HEALTH",
     "INSTANCE_ENDPOINTS",
     "MAX_UPDATES_LIMIT",
@@ -77,6 +79,7 @@ __all__ = [
     "PUSH_RULE_EDIT",
     "PUSH_RULE_OPS",
     "RECEIPT",
+    "REMOTE_JOIN",
     "SEND",
     "SEND_EVENT",
     "STREAM_UPDATES",
@@ -91,6 +94,7 @@ __all__ = [
     "DevicePushersCall",
     "E2eKeysCall",
     "EndSessionsCall",
+    "FederationRoomCall",
     "HealthCall",
     "Id",
     "InternalEndpoint",
@@ -98,6 +102,7 @@ __all__ = [
     "PushRuleEditCall",
     "PusherCall",
     "ReceiptCall",
+    "RemoteJoinCall",
     "SendCall",
     "SendEventCall",
     "StreamUpdatesCall",
@@ -282,7 +287,9 @@ def _params(request: type, method: str) -> tuple[_Param, ...]:
             extras += tuple(rest)
         kind = typing.get_origin(hint) or hint
         source: Source = "path" if PATH in extras else "body" if method == "POST" else "query"
-        allowed = {"path": (str,), "query": (str, int), "body": (str, int, bool, dict)}[source]
+        allowed = {"path": (str,), "query": (str, int), "body": (str, int, bool, dict, list)}[
+            source
+        ]
         assert kind in allowed, f"{request.__name__}.{f.name}: {hint} in the {source}"
         ident: Id | None = next((e for e in extras if isinstance(e, Id)), None)
         wire = next((e.name for e in extras if isinstance(e, Wire)), f.name)
@@ -698,6 +705,61 @@ class CreateNamedRoomCall:
     name: Annotated[str | None, TYPE_MISSING] = None
 
 
+#: What a federation listener hands to a room's events writer (:class:`FederationRoomCall`):
+#: ``pdus`` (a transaction's PDUs of the room, ``args["pdus"]``), the membership templates
+#: (``make_join``, ``make_leave``, ``make_knock``: ``args["user_id"]``, ``args["ver"]``), the
+#: signed membership events (``send_join``, ``send_leave``, ``send_knock``:
+#: ``args["event_id"]``, ``args["pdu"]``) and ``invite`` (``args["event_id"]``,
+#: ``args["body"]``, the request's whole body).
+FEDERATION_ROOM_OPS = (
+    "pdus",
+    "make_join",
+    "make_leave",
+    "make_knock",
+    "send_join",
+    "send_leave",
+    "send_knock",
+    "invite",
+)
+
+
+@dataclass(frozen=True)
+class FederationRoomCall:
+    """``POST /rooms/{room_id}/federation``: a request of another server (``origin``,
+    already authenticated by the federation listener that received it) about a room,
+    carried out by the room's events writer: the one process whose persister holds the
+    room, so the one that may build on its extremities and persist its events. ``op``
+    (one of :data:`FEDERATION_ROOM_OPS`) names the request, ``args`` its parameters
+    (checked by the writer's federation server, as those of the request received); the
+    answer is the Server-Server API's answer body."""
+
+    room_id: Annotated[str, PATH, Id("!", check=is_room_id_to_look_up)]
+    origin: Annotated[str, Id(check=is_server_name)]
+    op: Identifier
+    args: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.op not in FEDERATION_ROOM_OPS:
+            raise InvalidParamError(f"op: {'|'.join(FEDERATION_ROOM_OPS)}")
+
+
+@dataclass(frozen=True)
+class RemoteJoinCall:
+    """``POST /rooms/{room_id}/remote_join``: join local user ``user_id`` to a room of other
+    servers (``make_join``/``send_join`` through the first of ``servers`` that lets it),
+    on the events writer the room ID hashes to, which persists the room's state and the
+    join (the room is unknown here, so its owner is the one the sharding rule names)."""
+
+    room_id: Annotated[str, PATH, Id("!", check=is_room_id_to_look_up)]
+    user_id: UserId
+    servers: list[str]
+    content: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(s, str) and is_server_name(s) for s in self.servers):
+            raise InvalidParamError("servers: a list of server names")
+
+
 HEALTH = InternalEndpoint[HealthCall, dict[str, Any]](
     "health", None, HealthCall, answer=WHOLE, route="/health", method="GET"
 )
@@ -727,11 +789,30 @@ CREATE_NAMED_ROOM = InternalEndpoint[CreateNamedRoomCall, str](
     unserved=UnrecognizedRequestError,
 )
 
+FEDERATION_ROOM = InternalEndpoint[FederationRoomCall, dict[str, Any]](
+    "federation_room",
+    "events",
+    FederationRoomCall,
+    answer=WHOLE,
+    room_owned=True,
+    route="/rooms/{room_id}/federation",
+)
+REMOTE_JOIN = InternalEndpoint[RemoteJoinCall, None](
+    "remote_join",
+    "events",
+    RemoteJoinCall,
+    room_owned=True,
+    route="/rooms/{room_id}/remote_join",
+)
+
 #: The endpoints of the instance itself (the first routes of the internal API): the
-#: server binds the first two, the composing process the events writes.
+#: server binds the first two, the composing process the events writes and federation's
+#: room requests (on a process with federation).
 INSTANCE_ENDPOINTS: tuple[InternalEndpoint[Any, Any], ...] = (
     HEALTH,
     STREAM_UPDATES,
     SEND_EVENT,
     CREATE_NAMED_ROOM,
+    FEDERATION_ROOM,
+    REMOTE_JOIN,
 )

@@ -305,8 +305,10 @@ class InternalHttpClient:
         *,
         body: Any = None,
         headers: dict[str, str] | None = None,
+        seconds: float | None = None,
     ) -> Any:
         """One request to ``instance_name``; its JSON answer, or the error as a MatrixError.
+        ``seconds``: this request's time limit, if not the client's.
 
         An instance that cannot be reached (refused, reset, timed out) becomes a 503
         ``ServiceUnavailableError``; that is logged once when the outage starts and once
@@ -319,7 +321,13 @@ class InternalHttpClient:
         if data is not None:
             all_headers["Content-Type"] = "application/json"
         try:
-            async with self.session.request(method, url, data=data, headers=all_headers) as resp:
+            async with self.session.request(
+                method,
+                url,
+                data=data,
+                headers=all_headers,
+                timeout=self._timeout if seconds is None else aiohttp.ClientTimeout(total=seconds),
+            ) as resp:
                 raw = await resp.read()
                 status = resp.status
         except (TimeoutError, aiohttp.ClientConnectionError) as exc:
@@ -368,11 +376,13 @@ class InternalHttpClient:
         request: Req,
         *,
         forwarded: bool = False,
+        seconds: float | None = None,
     ) -> Resp:
         """Have ``instance_name`` serve ``request`` (for an endpoint with a stream, a
         writer of it; for a room-owned one, the room's owner: :meth:`room_owner`); its
         answer. ``forwarded``: this is the one forward of a request another process
-        received (the owner must not forward it again)."""
+        received (the owner must not forward it again). ``seconds``: this call's time
+        limit, if not the client's (a long one: a federation join the writer carries out)."""
         headers = {FORWARDED_HEADER: "1"} if forwarded else None
         payload = await self._call(
             instance_name,
@@ -380,6 +390,7 @@ class InternalHttpClient:
             endpoint.url(request),
             body=endpoint.encode(request),
             headers=headers,
+            seconds=seconds,
         )
         return endpoint.decode_answer(payload)
 

@@ -225,6 +225,10 @@ class _Context:
     after: GroupRef = None
     state_after: StateMap | None = None
     chain: tuple[ChainPosition, list[ChainLink]] | None = None
+    #: Chains of stored events this event's auth events named that were not indexed when
+    #: stored (out-of-band memberships: see :meth:`EventPersister._index_stored`), added
+    #: to the index for this event and committed with it.
+    stored_chains: list[tuple[ChainPosition, list[ChainLink]]] = field(default_factory=list)
     #: A stored outlier decided again now that its prev events have state.
     revisit: bool = False
     #: An out-of-band membership (see ``persist_events``).
@@ -817,6 +821,10 @@ class EventPersister:
                 ctx.rejected_reason = exc.message
             # Only state events can be auth events, so only they need the auth chain
             # index; one chain per (type, state_key) keeps chains long and links few.
+            if event.is_state() and event.event_id not in room.index:
+                unindexed = [a for a in auth_ids if a not in room.index and a not in contexts]
+                if unindexed:
+                    await self._index_stored(room, unindexed, contexts, ctx.stored_chains)
             if (
                 event.is_state()
                 and event.event_id not in room.index
@@ -920,6 +928,45 @@ class EventPersister:
         if not changed:
             return list(contexts.values()), None, None
         return list(contexts.values()), extremities, (current_group, current)
+
+    async def _index_stored(
+        self,
+        room: _Room,
+        event_ids: Sequence[str],
+        contexts: Mapping[str, _Context],
+        added: list[tuple[ChainPosition, list[ChainLink]]],
+    ) -> None:
+        """Add stored state events of the room among ``event_ids`` that the auth chain
+        index lacks (with the stored auth events they need, first) to it, their chains
+        appended to ``added`` for the caller's commit.
+
+        An out-of-band membership (an invite from another server, stored before this
+        server held the room) is stored without checks, so without a chain: its auth
+        events were unknown then. Once the room is joined they are known, and an event
+        naming the membership as an auth event (the join, then every state event of that
+        user) must be indexed, else state resolution cannot compare its auth chain.
+        Events still missing an auth event are left out, as before."""
+        seen: set[str] = set()
+        stack: list[tuple[str, bool]] = [(i, False) for i in reversed(event_ids)]
+        while stack:
+            event_id, expanded = stack.pop()
+            if event_id in room.index or event_id in contexts:
+                continue
+            found = (await self._events([event_id], contexts)).get(event_id)
+            if found is None or not found.is_state() or found.room_id != room.room_id:
+                continue
+            parents = effective_auth_event_ids(found)
+            if expanded:
+                if all(p in room.index for p in parents):
+                    added.append(
+                        room.index.add_event(event_id, parents, chain_key=found.state_tuple)
+                    )
+                continue
+            if event_id in seen:
+                continue
+            seen.add(event_id)
+            stack.append((event_id, True))
+            stack.extend((p, False) for p in parents if p not in room.index and p not in seen)
 
     async def _drop_behind_failed(
         self,
@@ -1120,8 +1167,10 @@ class EventPersister:
                     state_rows.append(
                         (event.event_id, before if before is not None else after, after)
                     )
-            if ctx.chain is not None:
-                position, links = ctx.chain
+            for position, links in [
+                *ctx.stored_chains,
+                *([] if ctx.chain is None else [ctx.chain]),
+            ]:
                 chain_rows.append(
                     (position.event_id, room.room_id, position.chain_id, position.sequence_number)
                 )
