@@ -16,7 +16,8 @@ import pytest
 from roomstream.media import LocalBlobStore
 from roomstream.media.repository import MediaRepository, SweepResult
 from roomstream.storage import DatabaseConfig
-from tests.client.test_media import (
+from tests.support.homeserver import Homeserver
+from tests.support.media import (
     download,
     image_bytes,
     media_path,
@@ -25,7 +26,6 @@ from tests.client.test_media import (
     thumbnail_rows,
     upload_ok,
 )
-from tests.support.homeserver import Homeserver
 
 HOUR = 3600.0
 

@@ -21,8 +21,7 @@ from roomstream.events.model import Event
 from roomstream.federation.backfill import FederationBackfill
 from roomstream.federation.gaps import GapFiller
 from roomstream.rooms.engine import RoomEngine
-from tests.federation.test_inbound_send import joined_room
-from tests.support.federation import FakeFederationClient, remote_member_event
+from tests.support.federation import FakeFederationClient, joined_room, remote_member_event
 from tests.support.federation import engine as engine  # fixture
 from tests.support.federation import remote_key as remote_key  # fixture
 from tests.support.rooms import REMOTE

@@ -10,8 +10,14 @@ from signedjson.types import SigningKey
 from roomstream.events.model import Event
 from roomstream.federation.server import FederationServer
 from roomstream.rooms.engine import RoomEngine
-from tests.federation.test_inbound_send import SEND, joined_room, txn
-from tests.support.federation import FakeFederationClient, federation_client, remote_member_event
+from tests.support.federation import (
+    SEND,
+    FakeFederationClient,
+    federation_client,
+    joined_room,
+    remote_member_event,
+    txn,
+)
 from tests.support.federation import engine as engine  # fixture
 from tests.support.federation import remote_key as remote_key  # fixture
 from tests.support.rooms import BOB, REMOTE, remote_event

@@ -5,7 +5,6 @@ of local users (v2), with their refusals. Both engines."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from signedjson.types import SigningKey
 
@@ -15,41 +14,10 @@ from roomstream.events.room_versions import ROOM_V11, room_version
 from roomstream.events.signing import check_event_signatures
 from roomstream.federation.server import FederationServer
 from roomstream.rooms.engine import RoomEngine
-from tests.support.federation import FederationTestClient, federation_client
+from tests.support.federation import V1, V2, federation_client, handshake, q
 from tests.support.federation import engine as engine  # fixture
 from tests.support.federation import remote_key as remote_key  # fixture
 from tests.support.rooms import ALICE, BOB, REMOTE, SERVER, public_room, remote_event, remote_join
-
-V1 = "/_matrix/federation/v1"
-V2 = "/_matrix/federation/v2"
-
-
-def q(value: str) -> str:
-    return quote(value, safe="")
-
-
-async def handshake(
-    fed: FederationTestClient,
-    key: SigningKey,
-    room_id: str,
-    membership: str,
-    *,
-    send_version: str = "v2",
-) -> tuple[Event, tuple[int, Any]]:
-    """make_<membership> then send_<membership> of Bob's event, signed by the remote."""
-    status, made = await fed.call(
-        "GET", f"{V1}/make_{membership}/{q(room_id)}/{q(BOB)}", params=[("ver", "12")]
-    )
-    assert status == 200, made
-    version = room_version(made["room_version"])
-    event = finalise_local_event(made["event"], version, REMOTE, key)
-    prefix = V1 if send_version == "v1" else V2
-    sent = await fed.call(
-        "PUT",
-        f"{prefix}/send_{membership}/{q(room_id)}/{q(event.event_id)}",
-        dict(event.data),
-    )
-    return event, sent
 
 
 async def test_a_remote_user_joins_then_leaves(engine: RoomEngine, remote_key: SigningKey) -> None:

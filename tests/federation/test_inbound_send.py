@@ -16,37 +16,24 @@ from signedjson.types import SigningKey
 from roomstream.events.model import Event
 from roomstream.federation.server import FederationServer
 from roomstream.rooms.engine import RoomEngine
-from tests.support.federation import FakeFederationClient, federation_client, remote_member_event
+from tests.support.federation import (
+    SEND,
+    FakeFederationClient,
+    federation_client,
+    joined_room,
+    remote_member_event,
+    txn,
+)
 from tests.support.federation import engine as engine  # fixture
 from tests.support.federation import remote_key as remote_key  # fixture
-from tests.support.rooms import ALICE, BOB, REMOTE, public_room, remote_join
+from tests.support.rooms import ALICE, BOB, REMOTE
 from tests.support.wait import wait_for
-
-SEND = "/_matrix/federation/v1/send/"
-
-
-async def joined_room(engine: RoomEngine, remote_key: SigningKey) -> str:
-    """A public room of Alice's that Bob (remote.test) has joined."""
-    room_id = await public_room(engine)
-    join, _, _ = await remote_join(engine, remote_key, room_id)
-    [result] = await engine.receive_pdus([join.raw])
-    assert result.rejected_reason is None and not result.outlier
-    return room_id
 
 
 async def message(engine: RoomEngine, key: SigningKey, room_id: str, body: str) -> Event:
     return await remote_member_event(
         engine, key, room_id, BOB, "m.room.message", {"msgtype": "m.text", "body": body}
     )
-
-
-def txn(*pdus: Event, edus: list[Any] | None = None) -> dict[str, Any]:
-    return {
-        "origin": REMOTE,
-        "origin_server_ts": 1,
-        "pdus": [dict(p.data) for p in pdus],
-        "edus": edus or [],
-    }
 
 
 class RecordingEdus:

@@ -13,9 +13,7 @@ from roomstream.events.room_versions import ROOM_V11
 from roomstream.events.signing import key_id
 from roomstream.federation.server import FederationServer
 from roomstream.storage import DatabaseConfig
-from tests.federation.test_inbound_membership import handshake
-from tests.federation.test_inbound_send import SEND, txn
-from tests.support.federation import federation_client, remote_member_event
+from tests.support.federation import SEND, federation_client, handshake, remote_member_event, txn
 from tests.support.federation import remote_key as remote_key  # fixture
 from tests.support.homeserver import make_config, serve_homeserver
 from tests.support.rooms import BOB, REMOTE, remote_event, verify_key_base64

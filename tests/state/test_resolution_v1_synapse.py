@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from roomstream.events.model import StateKey
 from roomstream.events.room_versions import ROOM_V1, ROOM_V2
 from roomstream.state.resolution import resolve_state, resolve_state_detailed
-from tests.state.test_resolution_properties import Move, moves, play
+from tests.support.resolution_moves import Move, moves, play
 from tests.support.state_dag import (
     ALICE,
     BOB,

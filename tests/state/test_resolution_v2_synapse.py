@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from roomstream.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from roomstream.state.resolution import resolve_state
-from tests.state.test_resolution_properties import Move, moves, play
+from tests.support.resolution_moves import Move, moves, play
 from tests.support.state_dag import RoomDag
 
 # (synapse.event_auth first: importing synapse.state alone hits a circular import.)

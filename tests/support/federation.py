@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import orjson
 import pytest
@@ -21,7 +21,9 @@ from signedjson.types import SigningKey
 
 from roomstream.errors import FederationEventNotFoundError, UnauthorizedError
 from roomstream.events.auth import auth_types_for_event
+from roomstream.events.format import finalise_local_event
 from roomstream.events.model import Event
+from roomstream.events.room_versions import room_version
 from roomstream.events.signing import key_id, load_or_create_signing_key
 from roomstream.events.types import EventTypes
 from roomstream.federation.room_routes import install_room_routes
@@ -31,7 +33,15 @@ from roomstream.reading import read_side_participants
 from roomstream.rooms.engine import RoomEngine
 from roomstream.storage import Database
 from roomstream.streams import StreamSet
-from tests.support.rooms import REMOTE, SERVER, remote_event, verify_key_base64
+from tests.support.rooms import (
+    BOB,
+    REMOTE,
+    SERVER,
+    public_room,
+    remote_event,
+    remote_join,
+    verify_key_base64,
+)
 
 #: The header the stub authenticate reads the origin from.
 ORIGIN_HEADER = "X-Test-Origin"
@@ -191,3 +201,58 @@ async def engine(
     await room_engine.keys.add(REMOTE, key_id(remote_key), verify_key_base64(remote_key))
     yield room_engine
     await streams.flush()
+
+
+SEND = "/_matrix/federation/v1/send/"
+
+
+async def joined_room(engine: RoomEngine, remote_key: SigningKey) -> str:
+    """A public room of Alice's that Bob (remote.test) has joined."""
+    room_id = await public_room(engine)
+    join, _, _ = await remote_join(engine, remote_key, room_id)
+    [result] = await engine.receive_pdus([join.raw])
+    assert result.rejected_reason is None and not result.outlier
+    return room_id
+
+
+def txn(*pdus: Event, edus: list[Any] | None = None) -> dict[str, Any]:
+    return {
+        "origin": REMOTE,
+        "origin_server_ts": 1,
+        "pdus": [dict(p.data) for p in pdus],
+        "edus": edus or [],
+    }
+
+
+V1 = "/_matrix/federation/v1"
+
+
+V2 = "/_matrix/federation/v2"
+
+
+def q(value: str) -> str:
+    return quote(value, safe="")
+
+
+async def handshake(
+    fed: FederationTestClient,
+    key: SigningKey,
+    room_id: str,
+    membership: str,
+    *,
+    send_version: str = "v2",
+) -> tuple[Event, tuple[int, Any]]:
+    """make_<membership> then send_<membership> of Bob's event, signed by the remote."""
+    status, made = await fed.call(
+        "GET", f"{V1}/make_{membership}/{q(room_id)}/{q(BOB)}", params=[("ver", "12")]
+    )
+    assert status == 200, made
+    version = room_version(made["room_version"])
+    event = finalise_local_event(made["event"], version, REMOTE, key)
+    prefix = V1 if send_version == "v1" else V2
+    sent = await fed.call(
+        "PUT",
+        f"{prefix}/send_{membership}/{q(room_id)}/{q(event.event_id)}",
+        dict(event.data),
+    )
+    return event, sent
