@@ -10,8 +10,8 @@ from roomstream.storage.migrations import load_migrations, split_statements
 
 def downgrade_txn(txn: Transaction, below: int) -> None:
     """Undo every migration from ``below`` on: drop what their scripts create and
-    forget their versions (they create tables, virtual tables and indexes, add and rename
-    columns)."""
+    forget their versions (they create tables, virtual tables, indexes and sequences, add
+    and rename columns)."""
     for migration in reversed(load_migrations()):
         if migration.version < below:
             continue
@@ -33,6 +33,11 @@ def downgrade_txn(txn: Transaction, below: int) -> None:
                 elif words[0] == "CREATE" and "INDEX" in words[:3]:
                     name = words[words.index("INDEX") + 1]
                     txn.execute(f"DROP INDEX IF EXISTS {name}")
+                elif words[:2] == ["CREATE", "SEQUENCE"]:  # PostgreSQL's
+                    txn.execute(f"DROP SEQUENCE {words[2].rstrip(';')}")
+                elif words[:3] == ["INSERT", "INTO", "roomstream_sequences"]:  # SQLite's
+                    name = statement.split("VALUES", 1)[1].split("'")[1]
+                    txn.execute("DELETE FROM roomstream_sequences WHERE name = ?", (name,))
                 else:
                     # Rows a migration lists or drops: nothing to undo.
                     assert words[0] in ("INSERT", "DELETE"), statement
