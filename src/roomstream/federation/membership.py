@@ -6,14 +6,16 @@ room's current state (``current_state_events``, read-only here) has membership `
 Invites, knocks and leaves do not count: the origin of an EDU about a room must have a
 joined user there, as Synapse checks before accepting typing and receipts.
 
-The ``*_txn`` functions run inside a caller's transaction; :class:`RoomServers` wraps
+The ``*_txn`` functions (the room store's, :mod:`roomstream.rooms.store`, which the
+Client-Server API asks too) run inside a caller's transaction; :class:`RoomServers` wraps
 them in named ones. Reused by the inbound room side (``/send`` PDUs' origin checks,
 ``/backfill``'s server visibility) as well as by EDUs and queries.
 """
 
 from __future__ import annotations
 
-from roomstream.storage import Database, Transaction
+from roomstream.rooms.store import hosts_in_room_txn, is_host_in_room_txn, server_of
+from roomstream.storage import Database
 
 __all__ = [
     "RoomServers",
@@ -21,44 +23,6 @@ __all__ = [
     "is_host_in_room_txn",
     "server_of",
 ]
-
-
-def server_of(user_id: str) -> str:
-    """The server part of a Matrix user ID (``@local:server``; empty when malformed)."""
-    if not user_id.startswith("@"):
-        return ""
-    _, sep, server = user_id.partition(":")
-    return server if sep else ""
-
-
-def _like_escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def is_host_in_room_txn(txn: Transaction, room_id: str, server_name: str) -> bool:
-    """Whether a user of ``server_name`` is joined to ``room_id`` now."""
-    if not server_name:
-        return False
-    # LIKE narrows the rows; the exact test is Python's: SQLite's LIKE ignores ASCII
-    # case, and "%:example.org" also matches a user of "other:example.org".
-    rows = txn.query(
-        "SELECT state_key FROM current_state_events WHERE room_id = ?"
-        " AND type = 'm.room.member' AND membership = 'join'"
-        " AND state_key LIKE ? ESCAPE '\\'",
-        (room_id, "%:" + _like_escape(server_name)),
-    )
-    return any(server_of(str(row[0])) == server_name for row in rows)
-
-
-def hosts_in_room_txn(txn: Transaction, room_id: str) -> list[str]:
-    """The servers with a user joined to ``room_id`` now, sorted (empty: unknown room,
-    or nobody joined)."""
-    rows = txn.query(
-        "SELECT state_key FROM current_state_events WHERE room_id = ?"
-        " AND type = 'm.room.member' AND membership = 'join'",
-        (room_id,),
-    )
-    return sorted({server for row in rows if (server := server_of(str(row[0])))})
 
 
 class RoomServers:

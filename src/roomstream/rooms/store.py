@@ -248,19 +248,15 @@ class EventStore:
     async def joined_servers(self, room_id: str) -> set[str]:
         """The servers with a joined member in the room's current state (the servers
         "in the room", to which its events go and which may ask about it)."""
-        rows = await self.db.run_interaction(
-            "joined_servers",
-            lambda t: t.query(
-                "SELECT state_key FROM current_state_events"
-                " WHERE room_id = ? AND type = 'm.room.member' AND membership = 'join'",
-                (room_id,),
-            ),
-        )
-        return {str(r[0]).partition(":")[2] for r in rows}
+        return set(await self.db.run_interaction("joined_servers", hosts_in_room_txn, room_id))
 
     async def server_in_room(self, room_id: str, server_name: str) -> bool:
         """Whether a user of ``server_name`` is joined to the room (current state)."""
-        return server_name in await self.joined_servers(room_id)
+        return bool(
+            await self.db.run_interaction(
+                "server_in_room", is_host_in_room_txn, room_id, server_name
+            )
+        )
 
     async def get_rooms_for_user(self, user_id: str, membership: str = "join") -> list[str]:
         rows = await self.db.run_interaction(
@@ -422,3 +418,44 @@ def _missing_txn(
         frontier = known[event_id][2]
     result.reverse()
     return result
+
+
+# -- which servers are in a room (current state) ------------------------------------
+
+
+def server_of(user_id: str) -> str:
+    """The server part of a Matrix user ID (``@local:server``; empty when malformed)."""
+    if not user_id.startswith("@"):
+        return ""
+    _, sep, server = user_id.partition(":")
+    return server if sep else ""
+
+
+def _like_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def is_host_in_room_txn(txn: Transaction, room_id: str, server_name: str) -> bool:
+    """Whether a user of ``server_name`` is joined to ``room_id`` now."""
+    if not server_name:
+        return False
+    # LIKE narrows the rows; the exact test is Python's: SQLite's LIKE ignores ASCII
+    # case, and "%:example.org" also matches a user of "other:example.org".
+    rows = txn.query(
+        "SELECT state_key FROM current_state_events WHERE room_id = ?"
+        " AND type = 'm.room.member' AND membership = 'join'"
+        " AND state_key LIKE ? ESCAPE '\\'",
+        (room_id, "%:" + _like_escape(server_name)),
+    )
+    return any(server_of(str(row[0])) == server_name for row in rows)
+
+
+def hosts_in_room_txn(txn: Transaction, room_id: str) -> list[str]:
+    """The servers with a user joined to ``room_id`` now, sorted (empty: unknown room,
+    or nobody joined)."""
+    rows = txn.query(
+        "SELECT state_key FROM current_state_events WHERE room_id = ?"
+        " AND type = 'm.room.member' AND membership = 'join'",
+        (room_id,),
+    )
+    return sorted({server for row in rows if (server := server_of(str(row[0])))})
