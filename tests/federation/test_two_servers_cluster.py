@@ -197,3 +197,45 @@ async def _ephemeral_on(account: Account, room: str, event_type: str, user_id: s
         ):
             return True
     return False
+
+
+async def test_a_stopped_cluster_catches_up_once_restarted(
+    servers: tuple[FederatedServer, FederatedCluster],
+) -> None:
+    """Every process of B stops while A keeps sending; restarted, B has each message
+    exactly once (A's sender catches the destination up by room)."""
+    a, b = servers
+    details = _details(a, b)
+    alice = await a.register("alice")
+    bob = await b.register("bob")
+    room = (await alice.ok("POST", "/createRoom", {"preset": "public_chat"}))["room_id"]
+    await bob.ok("POST", f"/join/{q(room)}?via={q(a.server_name)}", {})
+    await alice.send(room, "before")
+    await wait_for(lambda: _has(bob, room, "before"), 60, "A's message on B", details=details)
+    await b.stop()
+    away = [f"while away {i}" for i in range(5)]
+    for body in away:
+        await alice.send(room, body)
+    await b.start()
+
+    async def caught_up() -> bool:
+        bodies = await bob.bodies(room)
+        return bodies[bodies.index("before") :] == ["before", *away]
+
+    await wait_for(caught_up, 120, "B caught up, each message once", details=details)
+
+
+async def test_a_cluster_back_paginates_history_from_before_the_join(
+    servers: tuple[FederatedServer, FederatedCluster],
+) -> None:
+    """Under ``shared`` history, Bob (on B's main, which writes no events) paginating
+    back past his join gets A's messages from before it, each once (backfill)."""
+    a, b = servers
+    alice = await a.register("alice")
+    bob = await b.register("bob")
+    room = (await alice.ok("POST", "/createRoom", {"preset": "public_chat"}))["room_id"]
+    before = [f"before {i}" for i in range(3)]
+    for body in before:
+        await alice.send(room, body)
+    await bob.ok("POST", f"/join/{q(room)}?via={q(a.server_name)}", {})
+    assert await bob.bodies(room) == before
