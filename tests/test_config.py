@@ -57,6 +57,7 @@ def test_full_file(tmp_path: Path) -> None:
         ({"replication": {"max_outbound_lines": 0}}, r"max_outbound_lines must be positive"),
         ({"database": {"pool_max": "8"}}, r"database.pool_max must be an integer"),
         ({"database": {"pool_min": 9, "pool_max": 8}}, r"pool_min \(9\) exceeds"),
+        ({"database": {"sqlite_cache_mb": 0}}, r"database.sqlite_cache_mb must be positive, not 0"),
         ({"server_name": 42}, r"server_name must be a string"),
         ({"instances": ["main"]}, r"instances must be a mapping"),
         (

@@ -420,6 +420,7 @@ _POSITIVE = frozenset(
     {
         "pool_min",
         "pool_max",
+        "sqlite_cache_mb",
         "ping_timeout",
         "max_outbound_lines",
         "header_timeout",

@@ -183,6 +183,20 @@ async def test_sqlite_work_does_not_block_the_event_loop(tmp_path: object) -> No
         await db.close()
 
 
+async def test_sqlite_page_cache_is_the_configured_size(tmp_path: object) -> None:
+    """The connection's page cache is ``sqlite_cache_mb`` (SQLite's own 2 MiB would send
+    reads over a large file to the OS page by page)."""
+    for mib in (64, 3):
+        db = connect(
+            DatabaseConfig(engine="sqlite", path=f"{tmp_path}/c{mib}.db", sqlite_cache_mb=mib)
+        )
+        try:
+            rows = await db.run_interaction("cache_size", lambda t: t.query("PRAGMA cache_size"))
+            assert rows[0][0] == -mib * 1024  # negative: KiB, not pages
+        finally:
+            await db.close()
+
+
 async def test_inline_database_runs_on_the_callers_thread_and_rolls_back(
     tmp_path: object,
 ) -> None:
