@@ -399,6 +399,12 @@ def timeline_ids(response: dict[str, Any], room_id: str) -> list[str]:
 Hook = Callable[[str], contextlib.AbstractAsyncContextManager[None]]
 
 
+@contextlib.asynccontextmanager
+async def null_hook(name: str) -> AsyncIterator[None]:
+    """A hook that does nothing (no profiling)."""
+    yield
+
+
 async def send_seq(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> dict[str, Any]:
     alice = await client.register(f"seq{tag}")
     room = await client.create_room(alice)
@@ -1013,16 +1019,11 @@ SEARCH_WORDS = [
 SEARCH_TERM = "xylophone"
 
 
-async def search(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> dict[str, Any]:
-    """A room of M messages of 8 words each (sent concurrently through ``PUT /send``,
-    set-up), one in every M/H carrying the term (twice in every other one, so ranking
-    has something to order); then ``POST /search`` for the term in that room, ``order_by``
-    ``rank`` and ``recent`` (the default page of 10), repeated (median ms). Checked: 10
-    results, all of them messages with the term; ``recent`` newest first."""
-    total, hits = sizes["search_msgs"], sizes["search_hits"]
+def search_texts(total: int, hits: int) -> list[str]:
+    """The ``search`` scenario's messages, the same for every run of one size: 8 words
+    each, one in every ``total // hits`` carrying :data:`SEARCH_TERM` (twice in every
+    other one, so ranking has something to order)."""
     every = total // hits
-    user = await client.register(f"se{tag}")
-    room = await client.create_room(user)
     rng = random.Random(total)
 
     def body(i: int) -> str:
@@ -1033,16 +1034,23 @@ async def search(client: Client, sizes: dict[str, int], tag: str, hook: Hook) ->
                 words[rng.randrange(8)] = SEARCH_TERM.capitalize()
         return f"message {i}: {' '.join(words)}"
 
-    texts = [body(i) for i in range(total)]
-    started = time.perf_counter()
-    ids = await bounded(SETUP_CONCURRENCY, [client.send(user, room, t) for t in texts])
-    setup_s = time.perf_counter() - started
-    with_term = {e for e, t in zip(ids, texts, strict=True) if SEARCH_TERM in t.lower()}
-    results: dict[str, Any] = {
-        "search_room_messages": total,
-        "search_matching": len(with_term),
-        "search_setup_events_per_s": total / setup_s,
-    }
+    return [body(i) for i in range(total)]
+
+
+async def time_searches(
+    client: Client,
+    user: User,
+    room: str,
+    repeats: int,
+    hook: Hook,
+    matches: Callable[[dict[str, Any]], bool],
+) -> dict[str, Any]:
+    """``POST /search`` for :data:`SEARCH_TERM` in ``room`` (``keys`` ``content.body``),
+    ``order_by`` ``rank`` and ``recent`` (the default page of 10), each ``repeats`` times
+    after one untimed call (median ms). Checked: 10 results, all of them ``matches``;
+    ``recent`` newest first. Also used on a room filled otherwise
+    (``bench/search_room.py``)."""
+    results: dict[str, Any] = {}
     for order in ("rank", "recent"):
         name = f"search_{order}"
         request = {
@@ -1060,10 +1068,10 @@ async def search(client: Client, sizes: dict[str, int], tag: str, hook: Hook) ->
             return client.call("POST", "/search", user.token, request)
 
         async with hook(name):
-            times, answer = await timed_calls(sizes["search_repeats"], query)
+            times, answer = await timed_calls(repeats, query)
         found = answer["search_categories"]["room_events"]
         got = [r["result"] for r in found.get("results", [])]
-        if len(got) != 10 or not {e["event_id"] for e in got} <= with_term:
+        if len(got) != 10 or not all(matches(e) for e in got):
             raise RuntimeError(f"{name}: {len(got)} results, not 10 with the term")
         if order == "recent":
             stamps = [e["origin_server_ts"] for e in got]
@@ -1072,6 +1080,33 @@ async def search(client: Client, sizes: dict[str, int], tag: str, hook: Hook) ->
         results[f"{name}_ms_first"] = times[0]
         results[f"{name}_ms_p50"] = statistics.median(times)
         results[f"{name}_count"] = found.get("count")
+    return results
+
+
+async def search(client: Client, sizes: dict[str, int], tag: str, hook: Hook) -> dict[str, Any]:
+    """A room of M messages of 8 words each (sent concurrently through ``PUT /send``,
+    set-up), one in every M/H carrying the term (twice in every other one, so ranking
+    has something to order); then ``POST /search`` for the term in that room, ``order_by``
+    ``rank`` and ``recent`` (the default page of 10), repeated (median ms). Checked: 10
+    results, all of them messages with the term; ``recent`` newest first."""
+    total, hits = sizes["search_msgs"], sizes["search_hits"]
+    user = await client.register(f"se{tag}")
+    room = await client.create_room(user)
+    texts = search_texts(total, hits)
+    started = time.perf_counter()
+    ids = await bounded(SETUP_CONCURRENCY, [client.send(user, room, t) for t in texts])
+    setup_s = time.perf_counter() - started
+    with_term = {e for e, t in zip(ids, texts, strict=True) if SEARCH_TERM in t.lower()}
+    results: dict[str, Any] = {
+        "search_room_messages": total,
+        "search_matching": len(with_term),
+        "search_setup_events_per_s": total / setup_s,
+    }
+    results.update(
+        await time_searches(
+            client, user, room, sizes["search_repeats"], hook, lambda e: e["event_id"] in with_term
+        )
+    )
     return results
 
 
